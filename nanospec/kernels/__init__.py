@@ -1,0 +1,30 @@
+"""Kernel back ends: ``triton`` (CUDA, or CPU under TRITON_INTERPRET=1) and ``torch`` (CPU, oracle)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+import torch
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def load(backend: str, device: torch.device) -> ModuleType:
+    """The kernel module for ``backend`` on ``device``; ``auto`` picks Triton on CUDA."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        backend = "triton" if device.type == "cuda" and triton_available() else "torch"
+    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("backend='triton' on a non-CUDA device needs TRITON_INTERPRET=1")
+    return importlib.import_module(f"nanospec.kernels.{backend}_ops")

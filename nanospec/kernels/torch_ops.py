@@ -1,0 +1,124 @@
+"""Plain-PyTorch twins of the Triton kernels: the CPU path and the test oracle.
+
+They follow the Triton kernels lane by lane (same column choices), so both give bit-identical states.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nanospec.state import VocabState, flat, sink
+
+
+def _put(t: torch.Tensor, idx: torch.Tensor, val: torch.Tensor, mask: torch.Tensor) -> None:
+    """t.flat[idx] = val where mask; masked lanes write the spare element behind ``t``."""
+    flat(t).index_put_((torch.where(mask, idx, sink(t)),), val.to(t.dtype))
+
+
+def extend(st: VocabState, reqs: torch.Tensor, cand: torch.Tensor, valid: torch.Tensor):
+    """One decode step: append each row's unique valid candidates to its request's stream.
+
+    reqs: [B] int64 distinct live slots; cand: [B, C] int64 token ids; valid: [B, C] bool.
+    Returns the rows to gather: dst [B, C] int64 flat packed row (-1 for none), src [B, C] int64 tokens.
+    """
+    B, C = cand.shape
+    W, V = st.w_max, st.vocab
+    dev = cand.device
+    lane = torch.arange(C, device=dev)
+    earlier = lane[None, :] < lane[:, None]  # [i, j]: j comes before i
+    req = reqs[:, None]
+
+    dup = ((cand[:, :, None] == cand[:, None, :]) & valid[:, None, :] & earlier).any(-1)
+    uniq = valid & ~dup
+    k = uniq.long().cumsum(-1) - 1  # position among the row's appended entries
+    n = uniq.sum(-1, keepdim=True)
+    kept = uniq & (k >= n - W)  # earlier entries of an over-long row are evicted within the step
+    t = st.pos[req] + k
+    slot = t.remainder(W)
+    had_old = kept & (t >= W)
+    old_col = torch.where(had_old, st.ring[req, slot].long(), -1)
+    cur_col = torch.where(kept, st.col_of[req, torch.where(kept, cand, 0)].long(), -1)
+    active = kept & (cur_col >= 0)
+    new = kept & (cur_col < 0)
+
+    same_e = (old_col[:, :, None] == old_col[:, None, :]) & had_old[:, None, :]
+    n_dec = same_e.sum(-1)
+    first_e = had_old & ~(same_e & earlier).any(-1)
+    inc_e = ((old_col[:, :, None] == cur_col[:, None, :]) & active[:, None, :]).sum(-1)
+    cnt_e = torch.where(had_old, st.count[req, old_col.clamp_min(0)].long(), 0) + inc_e - n_dec
+    freed = first_e & (cnt_e == 0)
+    dec_i = ((cur_col[:, :, None] == old_col[:, None, :]) & had_old[:, None, :]).sum(-1)
+    cnt_i = torch.where(active, st.count[req, cur_col.clamp_min(0)].long(), 0) + 1 - dec_i
+    old_tok = torch.where(freed, st.col_tok[req, old_col.clamp_min(0)].long(), 0)
+
+    # Newly active tokens take this step's freed columns first (rank to rank), then pop the stack.
+    fr = freed.long().cumsum(-1) - 1
+    nf = freed.sum(-1, keepdim=True)
+    nr = new.long().cumsum(-1) - 1
+    nn = new.sum(-1, keepdim=True)
+    match = (fr[:, None, :] == nr[:, :, None]) & freed[:, None, :]
+    col_ff = torch.where(match, old_col[:, None, :], 0).sum(-1)
+    nfree = st.nfree[req].long()
+    col_st = st.stack[req, (nfree - 1 - (nr - nf)).clamp(0, W - 1)].long()
+    new_col = torch.where(new & (nr < nf), col_ff, col_st)
+    reused = freed & (fr < nn)
+    leftover = freed & ~reused
+    final_col = torch.where(active, cur_col, new_col)
+
+    row_w = req * W
+    _put(st.count, row_w + old_col, cnt_e, first_e & (inc_e == 0) & ~reused)
+    _put(st.count, row_w + cur_col, cnt_i, active)
+    _put(st.count, row_w + new_col, torch.ones_like(new_col), new)
+    _put(st.col_of, req * V + old_tok, torch.full_like(old_tok, -1), freed)
+    _put(st.col_of, req * V + cand, new_col, new)
+    _put(st.col_tok, row_w + old_col, torch.full_like(old_col, -1), leftover)
+    _put(st.col_tok, row_w + new_col, cand, new)
+    _put(st.ring, row_w + slot, final_col, kept)
+    _put(st.stack, row_w + nfree + fr - nn, old_col, leftover)
+    st.nfree[reqs] = (nfree + nf - nn).squeeze(-1).to(torch.int32)
+    st.pos[reqs] += n.squeeze(-1)
+    st.gathered[reqs] += nn.squeeze(-1)
+    dst = torch.where(new, row_w + new_col, -1)
+    return dst, cand
+
+
+def gather(weight: torch.Tensor, packed_flat: torch.Tensor, dst: torch.Tensor, src: torch.Tensor) -> None:
+    """packed_flat[dst[i]] = weight[src[i]] for every dst[i] >= 0.
+
+    weight: [V, d]; packed_flat: [R * W + 1, d] (last row is the spare); dst, src: [...] int64.
+    """
+    dst, src = dst.reshape(-1), src.reshape(-1)
+    live = dst >= 0
+    rows = weight.index_select(0, torch.where(live, src, 0))
+    packed_flat.index_put_((torch.where(live, dst, packed_flat.shape[0] - 1),), rows)
+
+
+def logits(
+    hidden: torch.Tensor, rows: torch.Tensor, col_tok: torch.Tensor, reqs: torch.Tensor, indexed: bool
+) -> torch.Tensor:
+    """Draft logits over each row's request's columns; free columns are -inf.
+
+    hidden: [N, d]; col_tok: [R, W] int32; reqs: [N] int64.
+    rows: packed buffer [R, W, d] (packed mode) or the full LM head [V, d] (indexed mode).
+    Returns [N, W] float32.
+    """
+    N, W = hidden.shape[0], col_tok.shape[1]
+    out = torch.empty(N, W, dtype=torch.float32, device=hidden.device)
+    toks = col_tok.index_select(0, reqs)  # [N, W]
+    if hidden.device.type == "cpu":
+        # No device queue to stall on the CPU, so grouping rows by request on the host is free and
+        # reads each request's rows once instead of copying them per row.
+        groups: dict[int, list[int]] = {}
+        for i, r in enumerate(reqs.tolist()):
+            groups.setdefault(r, []).append(i)
+        for r, idx in groups.items():
+            w = rows.index_select(0, col_tok[r].clamp_min(0).long()) if indexed else rows[r]
+            sel = torch.tensor(idx, device=hidden.device)
+            out[sel] = (hidden.index_select(0, sel) @ w.T).float()
+    else:
+        if indexed:
+            w = rows.index_select(0, toks.clamp_min(0).long().reshape(-1)).view(N, W, -1)
+        else:
+            w = rows.index_select(0, reqs)
+        out = torch.bmm(w, hidden[:, :, None]).squeeze(-1).float()
+    return out.masked_fill_(toks < 0, float("-inf"))

@@ -1,0 +1,162 @@
+"""Triton kernels: one program per request row for the bookkeeping, row-parallel gather and logits.
+
+The extend kernel mirrors ``torch_ops.extend`` lane for lane; see there for the algorithm.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from nanospec.state import VocabState
+
+
+@triton.jit
+def _extend_kernel(
+    reqs_ptr, cand_ptr, valid_ptr, dst_ptr, C,
+    col_of_ptr, col_tok_ptr, count_ptr, ring_ptr, stack_ptr, nfree_ptr, pos_ptr, gathered_ptr,
+    V, W, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    req = tl.load(reqs_ptr + b).to(tl.int64)
+    lane = tl.arange(0, BLOCK_C)
+    in_row = lane < C
+    tok = tl.load(cand_ptr + b * C + lane, mask=in_row, other=0).to(tl.int64)
+    valid = (tl.load(valid_ptr + b * C + lane, mask=in_row, other=0) != 0) & in_row
+    earlier = lane[None, :] < lane[:, None]
+
+    dup = tl.sum(((tok[:, None] == tok[None, :]) & valid[None, :] & earlier).to(tl.int32), axis=1)
+    uniq = valid & (dup == 0)
+    k = tl.cumsum(uniq.to(tl.int32), axis=0) - 1
+    n = tl.sum(uniq.to(tl.int32), axis=0)
+    kept = uniq & (k >= n - W)
+    t = tl.load(pos_ptr + req) + k
+    slot = t % W
+    had_old = kept & (t >= W)
+    row_w = req * W
+    old_col = tl.load(ring_ptr + row_w + slot, mask=had_old, other=-1).to(tl.int32)
+    old_col = tl.where(had_old, old_col, -1)
+    cur_col = tl.load(col_of_ptr + req * V + tok, mask=kept, other=-1).to(tl.int32)
+    cur_col = tl.where(kept, cur_col, -1)
+    active = kept & (cur_col >= 0)
+    new = kept & (cur_col < 0)
+
+    same_e = (old_col[:, None] == old_col[None, :]) & had_old[None, :]
+    n_dec = tl.sum(same_e.to(tl.int32), axis=1)
+    first_e = had_old & (tl.sum((same_e & earlier).to(tl.int32), axis=1) == 0)
+    inc_e = tl.sum(((old_col[:, None] == cur_col[None, :]) & active[None, :]).to(tl.int32), axis=1)
+    cnt_e = tl.load(count_ptr + row_w + old_col, mask=had_old, other=0).to(tl.int32) + inc_e - n_dec
+    freed = first_e & (cnt_e == 0)
+    dec_i = tl.sum(((cur_col[:, None] == old_col[None, :]) & had_old[None, :]).to(tl.int32), axis=1)
+    cnt_i = tl.load(count_ptr + row_w + cur_col, mask=active, other=0).to(tl.int32) + 1 - dec_i
+    old_tok = tl.load(col_tok_ptr + row_w + old_col, mask=freed, other=0).to(tl.int64)
+
+    fr = tl.cumsum(freed.to(tl.int32), axis=0) - 1
+    nf = tl.sum(freed.to(tl.int32), axis=0)
+    nr = tl.cumsum(new.to(tl.int32), axis=0) - 1
+    nn = tl.sum(new.to(tl.int32), axis=0)
+    match = (fr[None, :] == nr[:, None]) & freed[None, :]
+    col_ff = tl.sum(tl.where(match, old_col[None, :], 0), axis=1)
+    nfree = tl.load(nfree_ptr + req)
+    from_stack = new & (nr >= nf)
+    col_st = tl.load(stack_ptr + row_w + (nfree - 1 - (nr - nf)), mask=from_stack, other=0).to(tl.int32)
+    new_col = tl.where(new & (nr < nf), col_ff, col_st)
+    reused = freed & (fr < nn)
+    leftover = freed & (fr >= nn)
+    final_col = tl.where(active, cur_col, new_col)
+
+    # Lanes read columns that other lanes are about to write.
+    tl.debug_barrier()
+    cd = count_ptr.dtype.element_ty
+    tl.store(count_ptr + row_w + old_col, cnt_e.to(cd), mask=first_e & (inc_e == 0) & (reused == 0))
+    tl.store(count_ptr + row_w + cur_col, cnt_i.to(cd), mask=active)
+    tl.store(count_ptr + row_w + new_col, tl.full([BLOCK_C], 1, cd), mask=new)
+    tl.store(col_of_ptr + req * V + old_tok, tl.full([BLOCK_C], -1, cd), mask=freed)
+    tl.store(col_of_ptr + req * V + tok, new_col.to(cd), mask=new)
+    tl.store(col_tok_ptr + row_w + old_col, tl.full([BLOCK_C], -1, tl.int32), mask=leftover)
+    tl.store(col_tok_ptr + row_w + new_col, tok.to(tl.int32), mask=new)
+    tl.store(ring_ptr + row_w + slot, final_col.to(cd), mask=kept)
+    tl.store(stack_ptr + row_w + nfree + fr - nn, old_col.to(cd), mask=leftover)
+    tl.store(nfree_ptr + req, nfree + nf - nn)
+    tl.store(pos_ptr + req, tl.load(pos_ptr + req) + n)
+    tl.store(gathered_ptr + req, tl.load(gathered_ptr + req) + nn)
+    tl.store(dst_ptr + b * C + lane, tl.where(new, row_w + new_col, -1), mask=in_row)
+
+
+def extend(st: VocabState, reqs: torch.Tensor, cand: torch.Tensor, valid: torch.Tensor):
+    """Same contract as ``torch_ops.extend``."""
+    B, C = cand.shape
+    dst = torch.empty(B, C, dtype=torch.int64, device=cand.device)
+    if B == 0 or C == 0:
+        return dst, cand
+    block = max(16, triton.next_power_of_2(C))
+    _extend_kernel[(B,)](
+        reqs, cand, valid.view(torch.uint8), dst, C,
+        st.col_of, st.col_tok, st.count, st.ring, st.stack, st.nfree, st.pos, st.gathered,
+        st.vocab, st.w_max, BLOCK_C=block, num_warps=4 if block <= 64 else 8,
+    )  # fmt: skip
+    return dst, cand
+
+
+@triton.jit
+def _gather_kernel(dst_ptr, src_ptr, weight_ptr, stride_w, packed_ptr, D, BLOCK_D: tl.constexpr):
+    i = tl.program_id(0)
+    dst = tl.load(dst_ptr + i)
+    src = tl.load(src_ptr + i)
+    live = dst >= 0
+    for d0 in range(0, D, BLOCK_D):
+        dd = d0 + tl.arange(0, BLOCK_D)
+        m = (dd < D) & live
+        v = tl.load(weight_ptr + src * stride_w + dd, mask=m)
+        tl.store(packed_ptr + dst * D + dd, v, mask=m)
+
+
+def gather(weight: torch.Tensor, packed_flat: torch.Tensor, dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Same contract as ``torch_ops.gather``."""
+    dst, src = dst.reshape(-1), src.reshape(-1)
+    if dst.numel():
+        D = weight.shape[1]
+        block = min(1024, triton.next_power_of_2(D))
+        _gather_kernel[(dst.numel(),)](dst, src, weight, weight.stride(0), packed_flat, D, BLOCK_D=block)
+
+
+@triton.jit
+def _logits_kernel(
+    hidden_ptr, stride_h, rows_ptr, stride_r, col_tok_ptr, reqs_ptr, out_ptr, D, W,
+    INDEXED: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    n = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    in_w = cols < W
+    req = tl.load(reqs_ptr + n).to(tl.int64)
+    tok = tl.load(col_tok_ptr + req * W + cols, mask=in_w, other=-1).to(tl.int64)
+    live = tok >= 0
+    row = tok if INDEXED else req * W + cols
+    acc = tl.zeros([BLOCK_W], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        dd = d0 + tl.arange(0, BLOCK_D)
+        in_d = dd < D
+        h = tl.load(hidden_ptr + n * stride_h + dd, mask=in_d, other=0.0).to(tl.float32)
+        # Free columns are never read: eviction costs no bandwidth.
+        w = tl.load(rows_ptr + row[:, None] * stride_r + dd[None, :], mask=live[:, None] & in_d[None, :], other=0.0)
+        acc += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
+    tl.store(out_ptr + n * W + cols, tl.where(live, acc, float("-inf")), mask=in_w)
+
+
+def logits(
+    hidden: torch.Tensor, rows: torch.Tensor, col_tok: torch.Tensor, reqs: torch.Tensor, indexed: bool
+) -> torch.Tensor:
+    """Same contract as ``torch_ops.logits``; ``rows`` is [R, W, d] packed or [V, d] indexed."""
+    N, D = hidden.shape
+    W = col_tok.shape[1]
+    out = torch.empty(N, W, dtype=torch.float32, device=hidden.device)
+    if N == 0:
+        return out
+    stride_r = rows.stride(0) if indexed else rows.stride(1)
+    block_w, block_d = 64, min(128, triton.next_power_of_2(D))
+    _logits_kernel[(N, triton.cdiv(W, block_w))](
+        hidden, hidden.stride(0), rows, stride_r, col_tok, reqs, out, D, W,
+        INDEXED=indexed, BLOCK_W=block_w, BLOCK_D=block_d,
+    )  # fmt: skip
+    return out
