@@ -1,0 +1,34 @@
+"""SGLang plugin: ``--speculative-algorithm NANOSPEC``.
+
+Loaded by SGLang in every process through the ``sglang.srt.plugins`` entry point ``nanospec``
+(``register`` below). The worker module (heavy SGLang imports) loads only when a server actually
+creates the worker.
+"""
+
+from __future__ import annotations
+
+_registered = False
+
+
+def _worker_factory(server_args):
+    from nanospec.sglang.worker import NanoSpecWorker
+
+    return NanoSpecWorker
+
+
+def register() -> None:
+    """Entry point: register NANOSPEC with SGLang and the tokenizer-side meta_info hook. Idempotent."""
+    global _registered
+    if _registered:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from nanospec.sglang.algo import NAME, NanoSpecAlgo, validate_server_args
+    from nanospec.sglang.hooks import collapse_meta
+
+    SpeculativeAlgorithm.register(NAME, supports_overlap=True, validate_server_args=validate_server_args,
+                                  spec_class=NanoSpecAlgo)(_worker_factory)
+    HookRegistry.register("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info",
+                          collapse_meta, HookType.AFTER)
+    _registered = True

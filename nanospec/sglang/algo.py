@@ -1,0 +1,107 @@
+"""The ``NANOSPEC`` speculative algorithm as SGLang sees it: a ``CustomSpecAlgo`` that behaves as
+the EAGLE family everywhere SGLang asks (``is_eagle``), and as EAGLE3 when the draft is an EAGLE-3
+model (so the target captures auxiliary hidden states)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+from nanospec.sglang.settings import check_against_model, load_settings
+
+logger = logging.getLogger(__name__)
+
+NAME = "NANOSPEC"
+DRAFT_KIND_ENV = "NANOSPEC_DRAFT_IS_EAGLE3"  # set by the launcher process, inherited by the others
+DEFAULT_TREE = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}
+
+
+def _read_config(path: str | None) -> dict:
+    if not path:
+        return {}
+    f = Path(path) / "config.json"
+    if f.is_file():
+        return json.loads(f.read_text())
+    try:  # a hub name or another layout: let transformers resolve it
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(path).to_dict()
+    except Exception:
+        return {}
+
+
+def draft_is_eagle3(path: str | None) -> bool:
+    archs = _read_config(path).get("architectures") or []
+    return any("Eagle3" in a or "EAGLE3" in a for a in archs)
+
+
+class NanoSpecAlgo(CustomSpecAlgo):
+    def is_eagle(self) -> bool:
+        return True
+
+    def is_eagle3(self) -> bool:
+        flag = os.environ.get(DRAFT_KIND_ENV)
+        if flag is None:
+            try:
+                from sglang.srt.runtime_context import get_spec
+
+                flag = "1" if draft_is_eagle3(get_spec().speculative_draft_model_path) else "0"
+            except Exception:
+                return False
+            os.environ[DRAFT_KIND_ENV] = flag
+        return flag == "1"
+
+    def carries_draft_hidden_states(self) -> bool:
+        return True
+
+    def need_topk(self) -> bool:
+        return True
+
+    def get_platform_worker_cls(self):
+        return None
+
+    def create_future_map(self, device, req_to_token_pool, needs_cpu_seq_lens=True,
+                          needs_confidence_relay=False):
+        from sglang.srt.managers.overlap_utils import FutureMap
+
+        return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay)
+
+    def handle_server_args(self, server_args) -> None:
+        """Defaults SGLang gives the EAGLE family, applied to NANOSPEC (writes are recorded by
+        SGLang's resolver)."""
+        if server_args.speculative_num_steps is None:
+            for key, value in DEFAULT_TREE.items():
+                if getattr(server_args, key) is None:
+                    setattr(server_args, key, value)
+        if server_args.max_running_requests is None:
+            server_args.max_running_requests = 48
+        if server_args.device == "cpu" and not server_args.disable_overlap_schedule:
+            server_args.disable_overlap_schedule = True
+        if server_args.enable_mixed_chunk:
+            server_args.enable_mixed_chunk = False
+
+
+def validate_server_args(server_args) -> None:
+    """Reject what NANOSPEC cannot serve, with the reason; runs once in the launching process."""
+    settings = load_settings()
+    if server_args.speculative_draft_model_path is None:
+        raise ValueError("NANOSPEC needs --speculative-draft-model-path (an EAGLE-3 or EAGLE draft)")
+    for name in ("tp_size", "pp_size", "dp_size"):
+        if (getattr(server_args, name, 1) or 1) != 1:
+            raise ValueError(f"NANOSPEC supports {name} == 1 only (the packed draft head needs the whole "
+                             f"LM head on one device); got {getattr(server_args, name)}")
+    if getattr(server_args, "speculative_use_rejection_sampling", False):
+        raise ValueError("NANOSPEC does not support --speculative-use-rejection-sampling: draft "
+                         "probabilities live on the packed vocabulary")
+    if getattr(server_args, "speculative_adaptive", False):
+        raise ValueError("NANOSPEC does not support --speculative-adaptive")
+    vocab = _read_config(server_args.model_path).get("vocab_size")
+    topk = server_args.speculative_eagle_topk or DEFAULT_TREE["speculative_eagle_topk"]
+    if vocab:
+        check_against_model(settings, vocab_size=int(vocab), eagle_topk=int(topk))
+    os.environ[DRAFT_KIND_ENV] = "1" if draft_is_eagle3(server_args.speculative_draft_model_path) else "0"
+    logger.info("NANOSPEC settings: %s", settings.describe())

@@ -1,0 +1,124 @@
+"""The few places NanoSpec attaches to SGLang objects (instances, not classes, except the one
+tokenizer-side meta_info hook registered through SGLang's plugin HookRegistry)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from nanospec.sglang.runtime import Runtime, prefill_topk
+
+META_KEY = "nanospec"
+METRICS_LOGGER = "sglang.srt.managers.scheduler_components.metrics_reporter"
+
+
+def install_prefill_topk(proc, runtime: Runtime) -> None:
+    """Make the target's logits processor stash the top-K_pre of every prompt position of a prefill
+    (it keeps only last-position logits itself). proc: the target model's LogitsProcessor."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+    original = proc.forward
+    k = runtime.cfg.k_pre
+
+    def forward(input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs):
+        fb = logits_metadata
+        if isinstance(fb, ForwardBatch) and fb.forward_mode == ForwardMode.EXTEND:
+            runtime.pending_topk = prefill_topk(
+                hidden_states, lambda h: proc._compute_lm_head(h, lm_head), proc.vocab_size, k)
+        return original(input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs)
+
+    proc.forward = forward
+
+
+def install_draft_head(proc, runtime: Runtime) -> None:
+    """Route the draft model's LM head through NanoSpec. proc: the draft's LogitsProcessor.
+
+    Draft decode steps get packed-column logits (mapped back by ``IdMap``); draft-extend passes get
+    logits scattered into the vocabulary (their top-k is kept across scheduler iterations and batch
+    changes, so it must already be in vocabulary ids).
+    """
+    original = proc.forward
+    current: dict = {}
+
+    def forward(input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs):
+        current["fb"] = logits_metadata
+        try:
+            return original(input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs)
+        finally:
+            current.clear()
+
+    def get_logits(hidden_states, lm_head, logits_metadata, embedding_bias=None, use_logits_buffer=True):
+        fb = current.get("fb")
+        if fb is None or not hasattr(fb, "req_pool_indices"):
+            raise RuntimeError("NANOSPEC draft head called without a ForwardBatch; cannot tell requests apart")
+        logits = runtime.head.logits(hidden_states, fb.req_pool_indices)
+        if fb.forward_mode.is_decode():
+            return logits
+        return runtime.head.scatter_to_vocab(logits)
+
+    proc.forward = forward
+    proc._get_logits = get_logits
+
+
+class IdMap:
+    """Stands in for SGLang's ``hot_token_id`` inside ``EagleDraftWorker.draft_forward``, which maps
+    each step's top-k through it: draft columns -> vocabulary ids. The first lookup of a draft pass
+    sees ids coming from draft-extend, which are vocabulary ids already."""
+
+    def __init__(self, runtime: Runtime):
+        self.runtime = runtime
+        self.entry = False
+
+    def __getitem__(self, cols: torch.Tensor) -> torch.Tensor:
+        if self.entry:
+            self.entry = False
+            return cols
+        return self.runtime.head.token_ids(cols)
+
+    def __len__(self) -> int:
+        return self.runtime.head.out_vocab
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (len(self),)
+
+
+def install_release(pool, runtime: Runtime) -> None:
+    """Release a request's vocabulary when SGLang frees its req_to_token row (finish, abort,
+    retraction), and attach its telemetry for the response's meta_info."""
+    original = pool.free
+
+    def free(req):
+        slot = getattr(getattr(req, "kv", None), "req_pool_idx", None)
+        if slot is not None:
+            stats = runtime.release(int(slot))
+            if stats is not None and hasattr(req, "customized_info"):
+                attach_meta(req, stats)
+        return original(req)
+
+    pool.free = free
+
+
+def attach_meta(req, stats: dict) -> None:
+    # customized_info values are sliced per output token by SGLang's output streamer; one copy
+    # per token makes the summary survive both streamed and one-shot responses.
+    if req.customized_info is None:
+        req.customized_info = {}
+    req.customized_info[META_KEY] = [stats] * max(1, len(req.output_ids))
+
+
+def collapse_meta(result, manager, meta_info, *args, **kwargs):
+    """Tokenizer-side AFTER hook on ``update_request_meta_info``: the accumulated per-token copies
+    become plain fields ``nanospec_mean_active_vocab``, ``nanospec_hit_rate``, ``nanospec_draft_steps``."""
+    values = meta_info.pop(META_KEY, None)
+    if values:
+        last = next((v for v in reversed(values) if isinstance(v, dict)), None)
+        if last is not None:
+            for key, value in last.items():
+                meta_info[f"{META_KEY}_{key}"] = value
+    return result
+
+
+def install_log_suffix(filter_: logging.Filter) -> None:
+    logging.getLogger(METRICS_LOGGER).addFilter(filter_)

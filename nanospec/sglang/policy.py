@@ -1,0 +1,59 @@
+"""Per-batch choice of the draft LM head by estimated bytes moved.
+
+Three heads compute the same kind of draft logits for a batch of ``B`` requests (``N`` rows):
+
+* ``packed``: every request multiplies its own packed ``[W, d]`` copy of its active rows. Reads
+  ``B * W * d`` weight elements; writes ``N * W`` float32 logits.
+* ``union``: one head over the union ``U`` of the batch's active vocabularies: rows are gathered from
+  the full head into one block (read + write ``U * d``) and multiplied (read ``U * d`` again);
+  writes ``N * U`` logits. Pays off when the requests' vocabularies overlap a lot (``U << B * W``).
+* ``full``: the draft's whole head. Reads ``V * d``; writes ``N * V`` logits.
+
+The cheapest wins (ties go to the earlier entry of the list above). Without overlap (``U = B * W``)
+the packed head beats the full one until ``B * W ~ V``, the break-even near ``V / W_max`` requests.
+"""
+
+from __future__ import annotations
+
+HEAD_ORDER = ("packed", "union", "full")
+LOGIT_BYTES = 4  # float32 logits
+
+
+def head_bytes(*, batch: int, rows: int, vocab: int, w_max: int, dim: int, elem: int,
+               union_size: int) -> dict[str, int]:
+    """Estimated bytes each head moves for one LM-head call."""
+    u = max(1, min(union_size, vocab, batch * w_max))
+    return {
+        "packed": batch * w_max * dim * elem + rows * w_max * LOGIT_BYTES,
+        "union": 3 * u * dim * elem + rows * u * LOGIT_BYTES,
+        "full": vocab * dim * elem + rows * vocab * LOGIT_BYTES,
+    }
+
+
+def choose_head(*, batch: int, rows: int, vocab: int, w_max: int, dim: int, elem: int,
+                union_size: int, forced: str = "auto") -> str:
+    """The head to use: ``forced`` unless it is "auto", else the cheapest by ``head_bytes``."""
+    if forced != "auto":
+        return forced
+    cost = head_bytes(batch=batch, rows=rows, vocab=vocab, w_max=w_max, dim=dim, elem=elem,
+                      union_size=union_size)
+    return min(HEAD_ORDER, key=lambda h: (cost[h], HEAD_ORDER.index(h)))
+
+
+class UnionEstimate:
+    """Host-side estimate of a batch's union size, so choosing a head needs no device read.
+
+    Keeps the last measured ratio of union size to summed window capacity (``B * W``); starts at 1
+    (no overlap assumed). Measurements arrive late through ``observe`` (from a copy the device made
+    asynchronously), which is fine for a cost estimate.
+    """
+
+    def __init__(self) -> None:
+        self.ratio = 1.0
+
+    def observe(self, union_size: int, batch: int, w_max: int) -> None:
+        if batch > 0 and union_size > 0:
+            self.ratio = min(1.0, union_size / (batch * w_max))
+
+    def estimate(self, batch: int, w_max: int) -> int:
+        return max(1, int(self.ratio * batch * w_max + 0.5))

@@ -1,0 +1,92 @@
+"""What enters each request's candidate stream: plain functions on tensors, no SGLang types.
+
+Prefill: the prompt tokens, then the target's top-K_pre at every prompt position (``start``).
+Decode: after each verify, the draft tree's tokens, then the target's top-K_ver at every position of
+the accepted branch (``extend``). The ``sources`` setting keeps only part of this (the ablation):
+"context" keeps prompt and emitted tokens, "extension" keeps top-k candidates and draft tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def fill_missing_rows(topk: torch.Tensor, first: int) -> torch.Tensor:
+    """Top-k rows [first + n, K] for a prompt whose first ``first`` positions have no target logits
+    (a radix-cache hit); topk: [n, K] rows for the rest.
+
+    The missing rows repeat ``topk[0, 0]``, the token that ``unique(topk row-major)`` already places
+    first, so the stream is exactly ``prompt ++ unique(computed rows)``: the cached part contributes
+    its prompt tokens and nothing else.
+    """
+    if first == 0:
+        return topk
+    filler = topk[:1, :1].expand(first, topk.shape[1])
+    return torch.cat([filler, topk], dim=0)
+
+
+def start_args(ids: torch.Tensor, topk: torch.Tensor, sources: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(prompt_ids [L], prefill_topk [L, K] or None) for ``DynamicVocab.start``.
+
+    ids: [L] prompt tokens; topk: [L, K] target top-k per position.
+    "extension" has no prompt tokens of its own: the top-1 of each position stands in for them.
+    """
+    if sources == "full":
+        return ids, topk
+    if sources == "context":
+        return ids, None
+    if sources == "extension":
+        return topk[:, 0].contiguous(), topk
+    raise ValueError(f"unknown sources {sources!r}")
+
+
+def emitted_tokens(predict: torch.Tensor, accept_lens: torch.Tensor, batch: int,
+                   width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens emitted by one verify and their mask: ([B, S1], [B, S1] bool).
+
+    predict: [B * T] verified tokens with the accepted path at the front of each request's block
+    (SGLang compacts tree paths there); accept_lens: [B] accepted drafts + bonus; width: S1 =
+    spec_steps + 1, the longest accepted path.
+    """
+    tokens = predict.view(batch, -1)[:, :width].long()
+    valid = torch.arange(width, device=predict.device)[None, :] < accept_lens.view(batch, 1)
+    return tokens, valid
+
+
+def verify_candidates(
+    *,
+    draft_tokens: torch.Tensor,
+    accept_index: torch.Tensor,
+    logits: torch.Tensor,
+    vocab: int,
+    k_ver: int,
+    emitted: torch.Tensor,
+    emitted_valid: torch.Tensor,
+    sources: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Candidates [B, C] int64 and mask [B, C] bool to append after one verify.
+
+    draft_tokens: [B * T] the verified tree (root first); accept_index: [B, S1] rows of ``logits``
+    on the accepted path (-1 padded); logits: [B * T, >= vocab] target verify logits.
+    Fixed shapes (C = T + S1 * k_ver, or S1 for "context"), so no host synchronisation.
+    """
+    if sources == "context":
+        return emitted, emitted_valid
+    batch, width = accept_index.shape
+    tree = draft_tokens.view(batch, -1).long()
+    rows = accept_index.clamp_min(0).reshape(-1).long()
+    top = logits[rows, :vocab].topk(k_ver, dim=-1).indices.view(batch, width * k_ver)
+    top_valid = (accept_index >= 0).repeat_interleave(k_ver, dim=1)
+    cands = torch.cat([tree, top], dim=1)
+    valid = torch.cat([tree >= 0, top_valid], dim=1)
+    return cands, valid
+
+
+def to_draft_space(tokens: torch.Tensor, valid: torch.Tensor,
+                   t2d: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target ids -> rows of a reduced draft head (t2d: [V_target], -1 where absent); tokens the
+    draft cannot emit are masked out."""
+    if t2d is None:
+        return tokens, valid
+    rows = t2d[tokens.clamp(0, t2d.shape[0] - 1)]
+    return rows.clamp_min(0), valid & (rows >= 0) & (tokens >= 0) & (tokens < t2d.shape[0])

@@ -1,0 +1,102 @@
+"""``NANOSPEC`` workers: SGLang's EAGLE v2 workers with the draft LM head over dynamic vocabularies.
+
+Everything SGLang does for EAGLE/EAGLE3 (tree drafting, verification, KV bookkeeping, overlap
+scheduling, CUDA graphs) is inherited unchanged; NanoSpec adds four things:
+  1. prefill: start each request's stream from its prompt and the target's top-K_pre;
+  2. every draft logit (draft steps and draft-extend) comes from ``DraftHead``;
+  3. after each verify: telemetry, then append tree tokens and the accepted path's top-K_ver;
+  4. request end: release the slot and attach telemetry for meta_info.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+
+from nanospec.sglang import hooks
+from nanospec.sglang.runtime import Runtime
+from nanospec.sglang.settings import check_against_model, load_settings
+from nanospec.sglang.telemetry import LogSuffix
+
+logger = logging.getLogger(__name__)
+
+
+def draft_head_weight(model) -> torch.Tensor:
+    head = getattr(model, "lm_head", None)
+    weight = getattr(head, "weight", None)
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        raise ValueError("NANOSPEC needs a plain floating-point draft LM head (lm_head.weight); "
+                         f"got {type(head).__name__} (quantized or missing heads are not supported)")
+    return weight.data if weight.stride(1) == 1 else weight.data.contiguous()
+
+
+def reduced_vocab_map(hot: torch.Tensor | None, target_vocab: int) -> torch.Tensor | None:
+    """The draft's row -> target-id map, or None when rows already are target ids (no map, or an
+    identity ``d2t`` over the whole vocabulary, which only switches on SGLang's hot-token path)."""
+    if hot is None:
+        return None
+    hot = hot.long()
+    if hot.shape[0] >= target_vocab and torch.equal(hot[:target_vocab].cpu(), torch.arange(target_vocab)):
+        return None
+    return hot
+
+
+class NanoSpecDraftWorker(EagleDraftWorker):
+    def init_lm_head(self) -> None:
+        super().init_lm_head()
+        settings = load_settings()
+        target_vocab = self.target_worker.model_config.vocab_size
+        check_against_model(settings, vocab_size=target_vocab, eagle_topk=self.topk)
+        weight = draft_head_weight(self.draft_runner.model)
+        hot = reduced_vocab_map(self.hot_token_id, target_vocab)
+        slots = self.req_to_token_pool.req_to_token.shape[0]
+        self.nano = Runtime(weight, slots, settings, hot=hot, target_vocab=target_vocab)
+        hooks.install_draft_head(self.draft_runner.model.logits_processor, self.nano)
+        hooks.install_prefill_topk(self.target_worker.model_runner.model.logits_processor, self.nano)
+        hooks.install_release(self.req_to_token_pool, self.nano)
+        hooks.install_log_suffix(LogSuffix(self.nano.stats))
+        # SGLang maps every draft step's top-k through hot_token_id; NanoSpec's map goes there.
+        self.hot_token_id = hooks.IdMap(self.nano)
+        mem = self.nano.dv.nbytes()
+        logger.info("NANOSPEC: %s; %d slots, vocabulary state %.1f MiB (%.1f KiB per slot), draft "
+                    "head %s", settings.describe(), slots, mem["total"] / 2**20,
+                    mem["per_request"] / 2**10, "reduced" if hot is not None else "full")
+
+    def draft_forward(self, forward_batch):
+        self.hot_token_id.entry = True  # the incoming top-k come from draft-extend: vocabulary ids
+        return super().draft_forward(forward_batch)
+
+    def _draft_extend_for_prefill(self, batch, target_hidden_states, next_token_ids,
+                                  mm_input_embeds=None, kv_loc_plan=None):
+        live = not batch.forward_mode.is_idle()
+        if live:
+            self.nano.start_batch(batch)  # before the rotation below rewrites batch.input_ids
+        out = super()._draft_extend_for_prefill(batch, target_hidden_states, next_token_ids,
+                                                mm_input_embeds, kv_loc_plan=kv_loc_plan)
+        if live:
+            self.nano.finish_prefill(batch)
+        return out
+
+
+class NanoSpecWorker(EAGLEWorkerV2):
+    def __init__(self, server_args, gpu_id, nccl_port, target_worker):
+        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        if self._draft_worker is not None:
+            # Same object, NanoSpec's methods: they take effect at alloc_memory_pool (init_lm_head).
+            self._draft_worker.__class__ = NanoSpecDraftWorker
+
+    def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
+        verify_input = batch.spec_info
+        result = super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
+        if not batch.forward_mode.is_idle() and self._draft_worker is not None:
+            self._draft_worker.nano.after_verify(
+                reqs=batch.req_pool_indices,
+                draft_tokens=verify_input.draft_token,
+                accept_index=result.accept_index,
+                accept_lens=result.accept_lens,
+                predict=result.next_token_ids,
+                logits=result.logits_output.next_token_logits,
+            )
+        return result
