@@ -64,9 +64,8 @@ class DynamicVocab:
         if prefill_topk is not None:
             self._check_int("prefill_topk", prefill_topk, 2)
             if prefill_topk.shape[0] != prompt_ids.shape[0]:
-                raise ValueError(
-                    f"prefill_topk has {prefill_topk.shape[0]} rows but prompt_ids has {prompt_ids.shape[0]} tokens"
-                )
+                raise ValueError(f"prefill_topk has {prefill_topk.shape[0]} rows but prompt_ids has "
+                                 f"{prompt_ids.shape[0]} tokens")
         if self.check_inputs:
             self._check_tokens("prompt_ids", prompt_ids)
             if prefill_topk is not None:
@@ -114,7 +113,8 @@ class DynamicVocab:
             raise ValueError(f"hidden must be [N, {self.dim}] with N = len(reqs); got {tuple(hidden.shape)} "
                              f"and reqs {tuple(reqs.shape)}")
         if hidden.dtype != self.weight.dtype:
-            raise ValueError(f"hidden dtype {hidden.dtype} differs from lm_head_weight dtype {self.weight.dtype}")
+            raise ValueError(f"hidden dtype {hidden.dtype} differs from lm_head_weight dtype "
+                             f"{self.weight.dtype}")
         if self.check_inputs:
             self._check_reqs("reqs", reqs, distinct=False)
         return self.head.logits(hidden.contiguous(), self.state.col_tok, reqs.long())

@@ -102,23 +102,38 @@ def logits(
     rows: packed buffer [R, W, d] (packed mode) or the full LM head [V, d] (indexed mode).
     Returns [N, W] float32.
     """
-    N, W = hidden.shape[0], col_tok.shape[1]
-    out = torch.empty(N, W, dtype=torch.float32, device=hidden.device)
-    toks = col_tok.index_select(0, reqs)  # [N, W]
-    if hidden.device.type == "cpu":
-        # No device queue to stall on the CPU, so grouping rows by request on the host is free and
-        # reads each request's rows once instead of copying them per row.
-        groups: dict[int, list[int]] = {}
-        for i, r in enumerate(reqs.tolist()):
-            groups.setdefault(r, []).append(i)
-        for r, idx in groups.items():
-            w = rows.index_select(0, col_tok[r].clamp_min(0).long()) if indexed else rows[r]
+    impl = logits_grouped if hidden.device.type == "cpu" else logits_batched
+    out = impl(hidden, rows, col_tok, reqs, indexed)
+    return out.masked_fill_(col_tok.index_select(0, reqs) < 0, float("-inf"))
+
+
+def logits_grouped(
+    hidden: torch.Tensor, rows: torch.Tensor, col_tok: torch.Tensor, reqs: torch.Tensor, indexed: bool
+) -> torch.Tensor:
+    """CPU path: one matmul per distinct request. There is no device queue to stall on the CPU, so
+    reading ``reqs`` on the host is free and saves copying a request's rows once per row."""
+    out = torch.empty(hidden.shape[0], col_tok.shape[1], dtype=torch.float32, device=hidden.device)
+    groups: dict[int, list[int]] = {}
+    for i, r in enumerate(reqs.tolist()):
+        groups.setdefault(r, []).append(i)
+    for r, idx in groups.items():
+        w = rows.index_select(0, col_tok[r].clamp_min(0).long()) if indexed else rows[r]
+        if len(idx) == hidden.shape[0]:
+            out = (hidden @ w.T).float()
+        else:
             sel = torch.tensor(idx, device=hidden.device)
             out[sel] = (hidden.index_select(0, sel) @ w.T).float()
+    return out
+
+
+def logits_batched(
+    hidden: torch.Tensor, rows: torch.Tensor, col_tok: torch.Tensor, reqs: torch.Tensor, indexed: bool
+) -> torch.Tensor:
+    """Device path without host reads (CUDA graphs): copies each row's weights, then one bmm."""
+    N, W = hidden.shape[0], col_tok.shape[1]
+    if indexed:
+        toks = col_tok.index_select(0, reqs).clamp_min(0).long()
+        w = rows.index_select(0, toks.reshape(-1)).view(N, W, -1)
     else:
-        if indexed:
-            w = rows.index_select(0, toks.clamp_min(0).long().reshape(-1)).view(N, W, -1)
-        else:
-            w = rows.index_select(0, reqs)
-        out = torch.bmm(w, hidden[:, :, None]).squeeze(-1).float()
-    return out.masked_fill_(toks < 0, float("-inf"))
+        w = rows.index_select(0, reqs)
+    return torch.bmm(w, hidden[:, :, None]).squeeze(-1).float()

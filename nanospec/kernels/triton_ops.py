@@ -100,25 +100,32 @@ def extend(st: VocabState, reqs: torch.Tensor, cand: torch.Tensor, valid: torch.
 
 
 @triton.jit
-def _gather_kernel(dst_ptr, src_ptr, weight_ptr, stride_w, packed_ptr, D, BLOCK_D: tl.constexpr):
-    i = tl.program_id(0)
-    dst = tl.load(dst_ptr + i)
-    src = tl.load(src_ptr + i)
-    live = dst >= 0
+def _gather_kernel(
+    dst_ptr, src_ptr, n_items, weight_ptr, stride_w, packed_ptr, D,
+    ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    # Several rows per program: a step gathers only a handful of short rows.
+    i = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    in_n = i < n_items
+    dst = tl.load(dst_ptr + i, mask=in_n, other=-1)
+    src = tl.load(src_ptr + i, mask=in_n, other=0)
+    live = (dst >= 0)[:, None]
     for d0 in range(0, D, BLOCK_D):
         dd = d0 + tl.arange(0, BLOCK_D)
-        m = (dd < D) & live
-        v = tl.load(weight_ptr + src * stride_w + dd, mask=m)
-        tl.store(packed_ptr + dst * D + dd, v, mask=m)
+        m = live & (dd < D)[None, :]
+        v = tl.load(weight_ptr + src[:, None] * stride_w + dd[None, :], mask=m)
+        tl.store(packed_ptr + dst[:, None] * D + dd[None, :], v, mask=m)
 
 
 def gather(weight: torch.Tensor, packed_flat: torch.Tensor, dst: torch.Tensor, src: torch.Tensor) -> None:
     """Same contract as ``torch_ops.gather``."""
     dst, src = dst.reshape(-1), src.reshape(-1)
-    if dst.numel():
-        D = weight.shape[1]
-        block = min(1024, triton.next_power_of_2(D))
-        _gather_kernel[(dst.numel(),)](dst, src, weight, weight.stride(0), packed_flat, D, BLOCK_D=block)
+    n, D = dst.numel(), weight.shape[1]
+    if n:
+        rows, block = 16, min(256, triton.next_power_of_2(D))
+        _gather_kernel[(triton.cdiv(n, rows),)](
+            dst, src, n, weight, weight.stride(0), packed_flat, D, ROWS=rows, BLOCK_D=block
+        )
 
 
 @triton.jit
@@ -139,7 +146,8 @@ def _logits_kernel(
         in_d = dd < D
         h = tl.load(hidden_ptr + n * stride_h + dd, mask=in_d, other=0.0).to(tl.float32)
         # Free columns are never read: eviction costs no bandwidth.
-        w = tl.load(rows_ptr + row[:, None] * stride_r + dd[None, :], mask=live[:, None] & in_d[None, :], other=0.0)
+        m = live[:, None] & in_d[None, :]
+        w = tl.load(rows_ptr + row[:, None] * stride_r + dd[None, :], mask=m, other=0.0)
         acc += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
     tl.store(out_ptr + n * W + cols, tl.where(live, acc, float("-inf")), mask=in_w)
 
@@ -154,7 +162,7 @@ def logits(
     if N == 0:
         return out
     stride_r = rows.stride(0) if indexed else rows.stride(1)
-    block_w, block_d = 64, min(128, triton.next_power_of_2(D))
+    block_w, block_d = 128, min(64, triton.next_power_of_2(D))
     _logits_kernel[(N, triton.cdiv(W, block_w))](
         hidden, hidden.stride(0), rows, stride_r, col_tok, reqs, out, D, W,
         INDEXED=indexed, BLOCK_W=block_w, BLOCK_D=block_d,
