@@ -1,0 +1,1 @@
+"""Benchmarks and analyses of NanoSpec (each a ``python -m nanospec.bench.NAME`` command)."""
