@@ -1,0 +1,248 @@
+"""Train a full-vocabulary EAGLE-3 draft for a target model on chat conversations.
+
+    accelerate launch train/eagle3.py --config configs/train/<name>.yaml [--flag value ...]
+    python train/eagle3.py --target-model-path PATH --data-path PATH --output-dir DIR --max-steps N
+
+The target runs online (frozen, no grad) to give the fused low/mid/high features and its next-token
+distribution; the draft is trained with a multi-step training-time test. When training ends,
+OUTPUT/final/ is a draft SGLang loads as is:
+`--speculative-algorithm EAGLE3 --speculative-draft-model-path OUTPUT/final`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `train` importable from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from accelerate import Accelerator  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+from train import config as config_mod  # noqa: E402
+from train.data import batch_indices, collate, load_samples, token_counts  # noqa: E402
+from train.export import save_draft  # noqa: E402
+from train.model import Eagle3Draft, draft_config  # noqa: E402
+from train.target import FeatureCache, batch_features, load_target, target_logits  # noqa: E402
+
+
+class Progress:
+    """Optimizer steps done; checkpointed with the accelerate state so --resume knows where it stopped."""
+
+    def __init__(self):
+        self.step = 0
+
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+
+
+def pick_dtype(name: str) -> torch.dtype:
+    """bf16 where the accelerator has it, else float32 (CPU training stays exact and simple)."""
+    if name == "auto":
+        return (
+            torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
+        )
+    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    if name not in dtypes:
+        raise ValueError(f"dtype must be auto or one of {sorted(dtypes)}, got {name!r}")
+    return dtypes[name]
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float):
+    """Linear warm-up to 1, then cosine decay to min_ratio at `total`."""
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+def checkpoints(run: Path) -> list[Path]:
+    found = [p for p in (run / "checkpoints").glob("step_*") if p.name.split("_")[1].isdigit()]
+    return sorted(found, key=lambda p: int(p.name.split("_")[1]))
+
+
+def save_checkpoint(accelerator: Accelerator, run: Path, step: int, keep: int) -> None:
+    accelerator.save_state(str(run / "checkpoints" / f"step_{step}"))
+    if accelerator.is_main_process:
+        for old in checkpoints(run)[: -max(1, keep)]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+
+
+def main(argv: list[str] | None = None) -> Path:
+    try:
+        opts = config_mod.load(argv)
+        dtype = pick_dtype(opts["dtype"])
+    except ValueError as e:
+        config_mod.parser().error(str(e))
+    run = Path(opts["output_dir"])
+    precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "no")
+    accelerator = Accelerator(mixed_precision=precision)
+    main_proc = accelerator.is_main_process
+    torch.manual_seed(opts["seed"])
+
+    tokenizer = AutoTokenizer.from_pretrained(opts["target_model_path"])
+    samples, stats = load_samples(
+        tokenizer,
+        opts["data_path"],
+        opts["max_length"],
+        opts["data_split"],
+        opts["max_records"],
+        opts["eval_holdout"],
+        "train",
+    )
+    accelerator.print(f"data: {stats.summary()}" + (" (file was truncated)" if stats.truncated_file else ""))
+    if not samples:
+        raise SystemExit("no usable training conversations")
+
+    target = load_target(opts["target_model_path"], dtype, accelerator.device)
+    cfg = draft_config(target.config, opts["aux_layer_ids"], opts["tie_head"])
+    aux_ids = cfg.eagle_config["eagle_aux_hidden_state_layer_ids"]
+    embed_w = target.get_input_embeddings().weight
+    head_w = target.get_output_embeddings().weight
+    model = Eagle3Draft(cfg)
+    if model.lm_head is not None and opts["head_init"] == "target":
+        model.lm_head.weight.data.copy_(head_w.float())
+    if main_proc:
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "draft_config.json").write_text(cfg.to_json_string())
+        (run / "train_config.json").write_text(json.dumps(opts, indent=2) + "\n")
+        counts = token_counts(samples, cfg.vocab_size)
+        save_file({"counts": counts}, str(run / "token_counts.safetensors"))
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=opts["lr"], weight_decay=opts["weight_decay"], betas=(0.9, 0.95))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(opts["warmup_steps"], opts["max_steps"], opts["min_lr_ratio"])
+    )
+    model, optimizer = accelerator.prepare(model, optimizer)
+    progress = Progress()
+    accelerator.register_for_checkpointing(scheduler, progress)
+    if opts["resume"] and checkpoints(run):
+        latest = checkpoints(run)[-1]
+        accelerator.load_state(str(latest))
+        accelerator.print(f"resumed from {latest} at step {progress.step}")
+
+    cache = FeatureCache(opts["hidden_cache_dir"], aux_ids) if opts["hidden_cache_dir"] else None
+    bs, world, rank = opts["batch_size"], accelerator.num_processes, accelerator.process_index
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    k_steps = opts["ttt_steps"]
+    writer = None
+    if main_proc:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(run / "tensorboard"))
+    metrics_file = open(run / "metrics.jsonl", "a") if main_proc else None  # noqa: SIM115
+    bar = tqdm(total=opts["max_steps"], initial=progress.step, disable=not main_proc, desc="train")
+    t0 = time.time()
+    stopped_early = False
+    while progress.step < opts["max_steps"]:
+        step = progress.step
+        sums = torch.zeros(3, k_steps, device=accelerator.device)  # loss*count, correct, count
+        total_loss = 0.0
+        for micro in range(opts["grad_accum"]):
+            index = step * opts["grad_accum"] + micro
+            picked = batch_indices(len(samples), bs * world, index, opts["seed"])[rank * bs : (rank + 1) * bs]
+            batch = {
+                k: v.to(accelerator.device) for k, v in collate([samples[i] for i in picked], pad_id).items()
+            }
+            aux, last = batch_features(target, batch["input_ids"], batch["attention_mask"], aux_ids, cache)
+            with torch.no_grad():
+                t_logits = target_logits(target, last)
+            embeds = F.embedding(batch["input_ids"], embed_w)
+            mask = batch["loss_mask"] * batch["attention_mask"]
+            sync = micro == opts["grad_accum"] - 1
+            with accelerator.no_sync(model) if not sync else nullcontext(), accelerator.autocast():
+                out = model(
+                    aux,
+                    embeds,
+                    t_logits,
+                    mask,
+                    k_steps,
+                    opts["ttt_decay"],
+                    head_weight=head_w if opts["tie_head"] else None,
+                )
+                accelerator.backward(out["loss"] / opts["grad_accum"])
+            total_loss += out["loss"].item() / opts["grad_accum"]
+            sums += torch.stack([out["step_loss"] * out["count"], out["correct"], out["count"]])
+        grad_norm = (
+            accelerator.clip_grad_norm_(params, opts["max_grad_norm"]) if opts["max_grad_norm"] else None
+        )
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        progress.step += 1
+        sums = accelerator.reduce(sums, "sum")
+        if progress.step % opts["log_every"] == 0 or progress.step == opts["max_steps"]:
+            counts_k = sums[2].clamp(min=1)
+            row = {
+                "step": progress.step,
+                "loss": total_loss,
+                "lr": scheduler.get_last_lr()[0],
+                "tokens": int(sums[2, 0].item()),
+                "elapsed_s": round(time.time() - t0, 2),
+            }
+            if grad_norm is not None:
+                row["grad_norm"] = float(grad_norm)
+            for k in range(k_steps):
+                row[f"loss_{k + 1}"] = round((sums[0, k] / counts_k[k]).item(), 5)
+                row[f"acc_{k + 1}"] = round((sums[1, k] / counts_k[k]).item(), 5)
+            if main_proc:
+                metrics_file.write(json.dumps(row) + "\n")
+                metrics_file.flush()
+                for key, value in row.items():
+                    if key != "step":
+                        writer.add_scalar(f"train/{key}", value, progress.step)
+            bar.set_postfix(loss=f"{row['loss']:.3f}", acc1=f"{row['acc_1']:.3f}")
+        bar.update(1)
+        out_of_time = opts["max_minutes"] is not None and time.time() - t0 > 60 * opts["max_minutes"]
+        out_of_time = (
+            accelerator.reduce(torch.tensor(float(out_of_time), device=accelerator.device), "sum") > 0
+        )
+        stop_here = opts["stop_at_step"] is not None and progress.step >= opts["stop_at_step"]
+        if stop_here or out_of_time:
+            stopped_early = progress.step < opts["max_steps"]
+        periodic = opts["save_every"] and progress.step % opts["save_every"] == 0
+        if periodic or stopped_early or progress.step == opts["max_steps"]:
+            save_checkpoint(accelerator, run, progress.step, opts["keep_checkpoints"])
+        if stopped_early:
+            accelerator.print(f"stopped at step {progress.step}; continue with --resume")
+            break
+    bar.close()
+    if main_proc:
+        metrics_file.close()
+        writer.close()
+    final = run / "final"
+    if not stopped_early and main_proc:
+        draft = accelerator.unwrap_model(model)
+        save_draft(draft, final)
+        from safetensors.torch import load_file
+
+        counts = load_file(str(run / "token_counts.safetensors"))["counts"]
+        for n in opts["export_top_n"] or []:
+            save_draft(draft, run / f"final_top{n}", top_n=n, counts=counts, head_weight=head_w)
+        accelerator.print(f"draft written to {final}")
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return final
+
+
+if __name__ == "__main__":
+    main()
