@@ -228,3 +228,23 @@ def test_load_questions_limits_per_category(tmp_path):
     bad.write_text(json.dumps({"question_id": 1, "turns": ["x"]}) + "\n")
     with pytest.raises(ValueError, match="bad.jsonl:1: a question needs 'category'"):
         cov.load_questions(bad)
+
+
+def test_sweep_replays_the_same_generations_with_more_candidates(tmp_path, tiny):
+    path, _, _ = tiny
+    q, _ = write_inputs(tmp_path, ["alpha", "beta"])
+    out = tmp_path / "out"
+    assert cov.main(["--model", str(path), "--questions", str(q), "--max-new-tokens", "12",
+                     "--sweep-k", "1,3,8", "--out", str(out)]) == 0
+    res = json.loads((out / "coverage.json").read_text())
+    for r in res["categories"].values():
+        by_k = {s["k"]: s for s in r["sweep"]}
+        assert by_k[3]["nanospec_coverage"] == r["nanospec_coverage"]  # defaults are k_pre = k_ver = 3
+        assert by_k[3]["nanospec_mean_vocab"] == r["nanospec_mean_vocab"]
+        # No eviction here (short streams), so more candidates can only add tokens to the vocabulary.
+        cover = [by_k[k]["nanospec_coverage"] for k in (1, 3, 8)]
+        size = [by_k[k]["nanospec_mean_vocab"] for k in (1, 3, 8)]
+        assert cover == sorted(cover) and size[0] < size[1] < size[2]
+    assert "Sensitivity" in (out / "coverage.md").read_text()
+    with pytest.raises(ValueError, match="k_pre must be a positive integer"):
+        cov.main(["--model", str(path), "--questions", str(q), "--sweep-k", "0", "--out", str(out)])

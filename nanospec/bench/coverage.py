@@ -137,6 +137,11 @@ def greedy_trace(model, prompt: torch.Tensor, max_new_tokens: int, eos_ids: set[
     return Trace(prompt, prompt_topk, torch.tensor(tokens, dtype=torch.long), torch.stack(step_topk))
 
 
+def narrow(trace: Trace, k_pre: int, k_ver: int) -> Trace:
+    """The same trace with only the first k_pre / k_ver candidates (top-k is sorted, so a prefix)."""
+    return Trace(trace.prompt, trace.prompt_topk[:, :k_pre], trace.tokens, trace.step_topk[:, :k_ver])
+
+
 def dynamic_coverage(trace: Trace, vocab: DynamicVocab) -> tuple[torch.Tensor, torch.Tensor]:
     """Replay a trace through slot 0 of ``vocab``; returns hits [n-1] bool (token i >= 1 active when
     generated) and sizes [n-1] int64 (active vocabulary size at that moment)."""
@@ -170,10 +175,15 @@ def summarize(hits: list[bool], sizes: list[int], ranks: np.ndarray | None, ks: 
 
 
 def analyse(model, tokenizer, questions: list[dict], config: NanoSpecConfig, max_new_tokens: int, turns: int,
-            rank: np.ndarray | None, ks: tuple[int, ...], log=print) -> dict:
-    """Generate, replay and summarise per category (plus ``overall``)."""
+            rank: np.ndarray | None, ks: tuple[int, ...], sweep: tuple[int, ...] = (), log=print) -> dict:
+    """Generate, replay and summarise per category (plus ``overall``).
+
+    sweep: extra candidate counts k; each trace is also replayed with k_pre = k_ver = k (same w_max).
+    """
     head = model.get_output_embeddings().weight.detach().float().contiguous()
-    vocab = DynamicVocab(head, 1, config, backend="torch")
+    configs = [config] + [NanoSpecConfig(k_pre=k, k_ver=k, w_max=config.w_max) for k in sweep]
+    vocabs = [DynamicVocab(head, 1, c, backend="torch") for c in configs]
+    k_max = max(max(c.k_pre, c.k_ver) for c in configs)
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     groups: dict[str, dict[str, list]] = {}
@@ -188,11 +198,16 @@ def analyse(model, tokenizer, questions: list[dict], config: NanoSpecConfig, max
             text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             prompt = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
             t0 = time.perf_counter()
-            trace = greedy_trace(model, prompt, max_new_tokens, eos_ids, config.k_pre, config.k_ver)
-            hits, sizes = dynamic_coverage(trace, vocab)
-            g = groups.setdefault(q["category"], {"hits": [], "sizes": [], "tokens": [], "questions": set()})
-            g["hits"] += hits.tolist()
-            g["sizes"] += sizes.tolist()
+            trace = greedy_trace(model, prompt, max_new_tokens, eos_ids, k_max, k_max)
+            g = groups.setdefault(q["category"], {"tokens": [], "questions": set(),
+                                                  **{f"{key}{j}": [] for j in range(len(configs))
+                                                     for key in ("hits", "sizes")}})
+            for j, (c, vocab) in enumerate(zip(configs, vocabs, strict=True)):
+                h, z = dynamic_coverage(narrow(trace, c.k_pre, c.k_ver), vocab)
+                g[f"hits{j}"] += h.tolist()
+                g[f"sizes{j}"] += z.tolist()
+                if j == 0:
+                    hits = h
             g["tokens"] += trace.tokens[1:].tolist()
             g["questions"].add(qi)
             samples.append({"question_id": q.get("question_id", qi), "category": q["category"],
@@ -202,13 +217,16 @@ def analyse(model, tokenizer, questions: list[dict], config: NanoSpecConfig, max
                 f"new tokens, coverage {samples[-1]['nanospec_coverage']}, {time.perf_counter() - t0:.1f} s")
             messages.append({"role": "assistant",
                              "content": tokenizer.decode(trace.tokens, skip_special_tokens=True)})
-    groups["overall"] = {key: [x for name in list(groups) for x in groups[name][key]]
-                         for key in ("hits", "sizes", "tokens")}
+    keys = ["tokens"] + [f"{key}{j}" for j in range(len(configs)) for key in ("hits", "sizes")]
+    groups["overall"] = {key: [x for name in list(groups) for x in groups[name][key]] for key in keys}
     groups["overall"]["questions"] = set(range(len(questions)))
     table = {}
     for name, g in groups.items():
         ranks = None if rank is None else rank[np.asarray(g["tokens"], dtype=np.int64)]
-        table[name] = {"questions": len(g["questions"]), **summarize(g["hits"], g["sizes"], ranks, ks)}
+        table[name] = {"questions": len(g["questions"]), **summarize(g["hits0"], g["sizes0"], ranks, ks)}
+        table[name]["sweep"] = [{"k": k, "nanospec_coverage": float(np.mean(g[f"hits{j}"])),
+                                 "nanospec_mean_vocab": float(np.mean(g[f"sizes{j}"]))}
+                                for j, k in enumerate(sweep, start=1) if g[f"hits{j}"]]
     return {"categories": table, "samples": samples}
 
 
@@ -220,7 +238,7 @@ def markdown(result: dict) -> str:
     has_static = ks is not None
     head = ["category", "questions", "tokens", "NanoSpec coverage", "NanoSpec mean vocab"]
     if has_static:
-        head += [f"top-{k // 1000}k" if k % 1000 == 0 else f"top-{k / 1000:g}k" for k in ks]
+        head += [f"top-{k}" if k < 1000 else f"top-{k / 1000:g}k" for k in ks]
         head += ["static K for same coverage"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, r in result["categories"].items():
@@ -230,6 +248,14 @@ def markdown(result: dict) -> str:
             cells += [f"{100 * r['static_coverage'][str(k)]:.1f}%" for k in ks]
             cells += [str(r["static_k_for_same_coverage"])]
         lines.append("| " + " | ".join(cells) + " |")
+    sweep = [s["k"] for s in next(iter(result["categories"].values()))["sweep"]]
+    if sweep:
+        lines += ["", "Sensitivity: coverage / mean vocabulary with k_pre = k_ver = k (same w_max):", "",
+                  "| category | " + " | ".join(f"k={k}" for k in sweep) + " |", "|---|" + "---|" * len(sweep)]
+        for name, r in result["categories"].items():
+            cells = [f"{100 * s['nanospec_coverage']:.1f}% / {s['nanospec_mean_vocab']:.0f}"
+                     for s in r["sweep"]]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -249,6 +275,11 @@ def plot(result: dict, out: Path) -> list[Path]:
                     label="static top-K (corpus frequency)")
         ax.plot([r["nanospec_mean_vocab"]], [100 * r["nanospec_coverage"]], "*", ms=13, color="tab:red",
                 label="NanoSpec (mean size)")
+        if r["sweep"]:
+            xs = [s["nanospec_mean_vocab"] for s in r["sweep"]]
+            ys = [100 * s["nanospec_coverage"] for s in r["sweep"]]
+            ax.plot(xs, ys, "^:", color="tab:orange", ms=5,
+                    label="NanoSpec, k_pre = k_ver = " + ",".join(str(s["k"]) for s in r["sweep"]))
         ax.set_xscale("log")
         ax.set_xlabel("vocabulary size")
         ax.set_ylabel("generated tokens covered (%)")
@@ -278,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k-pre", type=int, default=NanoSpecConfig.k_pre)
     p.add_argument("--k-ver", type=int, default=NanoSpecConfig.k_ver)
     p.add_argument("--w-max", type=int, default=NanoSpecConfig.w_max)
+    p.add_argument("--sweep-k", default="",
+                   help="extra k values replayed with k_pre = k_ver = k, e.g. 1,8,32")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", default="coverage_out", help="folder for coverage.json, coverage.md and PNGs")
     args = p.parse_args(argv)
@@ -290,7 +323,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--ks must be comma-separated integers, got {args.ks!r}")
     if not ks or ks[0] < 1:
         p.error("--ks must list positive sizes")
+    try:
+        sweep = tuple(int(k) for k in args.sweep_k.split(",") if k.strip())
+    except ValueError:
+        p.error(f"--sweep-k must be comma-separated integers, got {args.sweep_k!r}")
     config = NanoSpecConfig(k_pre=args.k_pre, k_ver=args.k_ver, w_max=args.w_max)
+    for k in sweep:
+        NanoSpecConfig(k_pre=k, k_ver=k, w_max=args.w_max)  # validates k
     questions = load_questions(args.questions, args.num_questions, args.per_category)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -313,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         corpus_info = {"path": str(args.corpus), "conversations": args.corpus_conversations,
                        "assistant_turns": len(texts), "tokens": int(counts.sum())}
     t0 = time.perf_counter()
-    res = analyse(model, tokenizer, questions, config, args.max_new_tokens, args.turns, rank, ks)
+    res = analyse(model, tokenizer, questions, config, args.max_new_tokens, args.turns, rank, ks, sweep)
     result = {
         "model": args.model, "model_path": path, "vocab_size": V, "questions": str(args.questions),
         "num_questions": len(questions), "turns": args.turns, "max_new_tokens": args.max_new_tokens,
