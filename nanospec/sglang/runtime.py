@@ -6,6 +6,7 @@ Duck-typed on SGLang's batch objects (``reqs``, ``req_pool_indices``, ``prefix_l
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from nanospec.sglang import streams
@@ -25,6 +26,11 @@ def prefill_topk(hidden: torch.Tensor, lm_head_fn, vocab: int, k: int) -> torch.
         logits = lm_head_fn(hidden[s : s + PREFILL_CHUNK_ROWS])
         out[s : s + PREFILL_CHUNK_ROWS] = logits[:, :vocab].topk(k, dim=-1).indices
     return out
+
+
+def token_tensor(ids, n: int) -> torch.Tensor:
+    """The first n ids (SGLang keeps them in an ``array('q')``) as a CPU int64 tensor."""
+    return torch.from_numpy(np.asarray(ids[:n], dtype=np.int64))
 
 
 class Runtime:
@@ -68,7 +74,7 @@ class Runtime:
                 first, prev = p, rows[:0]
             rows = torch.cat([prev, rows]) if prev.shape[0] else rows
             self.partial[req.rid] = (first, rows)
-            ids = torch.as_tensor(req.fill_ids[: p + e], dtype=torch.long).to(self.device, non_blocking=True)
+            ids = token_tensor(req.full_untruncated_fill_ids, p + e).to(self.device, non_blocking=True)
             prompt, ptk = streams.start_args(ids, streams.fill_missing_rows(rows, first), self.cfg.sources)
             slot = int(req.kv.req_pool_idx)
             self.dv.start(slot, prompt, ptk)
