@@ -6,7 +6,8 @@ API (kept stable):
 startup_timeout=600.0)``
     Describes a server; nothing runs until ``start()``. ``args`` are extra ``sglang.launch_server``
     arguments (e.g. ``["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", d]``).
-    With ``device="cpu"`` the helper adds ``--device cpu`` and ``SGLANG_USE_CPU_ENGINE=1`` and small
+    With ``device="cpu"`` the helper adds ``--device cpu``, ``SGLANG_USE_CPU_ENGINE=1``,
+    ``OMP_NUM_THREADS=1`` (unless set in the environment or ``env``) and small
     CPU-friendly defaults (``--max-total-tokens 4096 --max-running-requests 8
     --disable-cuda-graph --mem-fraction-static 0.1 --skip-server-warmup`` unless given in ``args``).
     ``start()`` launches ``python -m sglang.launch_server`` on a free localhost port in its own process
@@ -127,6 +128,8 @@ class SGLangServer:
         env = dict(os.environ)
         if self.device == "cpu":
             env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+            # Tiny test models: one OpenMP thread avoids spin-wait collapse on a busy 2-core host.
+            env.setdefault("OMP_NUM_THREADS", "1")
         env.update(self.env)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log_path, "ab", buffering=0)

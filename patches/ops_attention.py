@@ -1,0 +1,196 @@
+"""Pure-PyTorch ``decode_attention_cpu`` / ``extend_attention_cpu`` (SGLang's ``intel_amx`` backend ops).
+
+The call sites are ``sglang/srt/layers/attention/intel_amx_backend.py`` (SGLang 0.5.23); semantics follow
+the Triton ``decode_attention.py`` / ``extend_attention.py`` kernels. Requests of different lengths are
+padded into one batch and masked, so there is no Python loop over requests or tokens. Scores and softmax
+run in float32 whatever the cache dtype, like the C++ kernels.
+
+Shapes: ``q`` ``[T, H, Dk]``; KV caches ``[pool, Hkv, Dk|Dv]``; ``req_to_token`` ``[rows, width]`` maps a
+request's token positions to cache slots; ``H`` must be a multiple of ``Hkv`` (GQA).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _scores_to_probs(
+    s: torch.Tensor, visible: torch.Tensor, logit_cap: float, sinks: torch.Tensor | None
+) -> torch.Tensor:
+    """``s`` ``[..., H, Q, L]`` float32 -> attention weights with the masked entries at 0."""
+    if logit_cap and logit_cap > 0:
+        s = logit_cap * torch.tanh(s / logit_cap)
+    s = s.masked_fill(~visible, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    if sinks is not None:
+        sink = sinks.float().view(*([1] * (s.dim() - 3)), -1, 1, 1)
+        m = torch.maximum(m, sink)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(s - m)
+    denom = p.sum(-1, keepdim=True)
+    if sinks is not None:
+        denom = denom + torch.exp(sink - m)
+    return p / denom.clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    visible: torch.Tensor,
+    sm_scale: float,
+    k_scale: float,
+    v_scale: float,
+    logit_cap: float,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """q ``[B, Q, H, Dk]``, k/v ``[B, L, Hkv, D]``, visible ``[B, Q, L]`` -> ``[B, Q, H, Dv]`` float32."""
+    B, Q, H, Dk = q.shape
+    Hkv = k.shape[2]
+    g = H // Hkv
+    qf = q.float().view(B, Q, Hkv, g, Dk).permute(0, 2, 3, 1, 4)  # [B, Hkv, g, Q, Dk]
+    kf = k.float().permute(0, 2, 1, 3)[:, :, None]  # [B, Hkv, 1, L, Dk]
+    vf = v.float().permute(0, 2, 1, 3)[:, :, None]
+    s = torch.matmul(qf, kf.transpose(-1, -2)) * (sm_scale * k_scale)  # [B, Hkv, g, Q, L]
+    s = s.reshape(B, H, Q, -1)
+    p = _scores_to_probs(s, visible[:, None], logit_cap, sinks).view(B, Hkv, g, Q, -1)
+    out = torch.matmul(p, vf) * v_scale  # [B, Hkv, g, Q, Dv]
+    return out.reshape(B, H, Q, -1).permute(0, 2, 1, 3)
+
+
+def decode_attention_cpu(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: float,
+    v_scale: float,
+    output: torch.Tensor,
+    key: torch.Tensor | None,
+    value: torch.Tensor | None,
+    loc: torch.Tensor,
+    attn_logits: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+    logit_cap: float,
+    is_cross_attention: bool = False,
+    sliding_window_size: int = 0,
+    encoder_lens: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+) -> None:
+    """One new token per request: store ``key``/``value`` at ``loc`` (when given), then attend to the
+    request's first ``seq_lens[b]`` cache slots (the last ``sliding_window_size`` only, when > 0).
+    ``attn_logits`` is the real kernel's split-K scratch buffer and is left as is."""
+    if is_cross_attention:
+        raise NotImplementedError("cross-attention has no pure-PyTorch decode fallback")
+    if key is not None and value is not None:
+        k_cache[loc.long()] = key.to(k_cache.dtype)
+        v_cache[loc.long()] = value.to(v_cache.dtype)
+    B = query.shape[0]
+    if B == 0:
+        return
+    seq = seq_lens.long()
+    L = int(seq.max())
+    pos = torch.arange(L, device=seq.device)
+    visible = pos[None, :] < seq[:, None]
+    if sliding_window_size and sliding_window_size > 0:
+        visible &= pos[None, :] >= (seq[:, None] - sliding_window_size)
+    slots = req_to_token[req_pool_indices.long()[:, None], pos[None, :].clamp(max=req_to_token.shape[1] - 1)]
+    slots = torch.where(visible, slots, torch.zeros_like(slots)).long()
+    out = _attend(
+        query[:, None], k_cache[slots], v_cache[slots], visible[:, None], sm_scale, k_scale, v_scale,
+        logit_cap, sinks,
+    )  # fmt: skip
+    output.copy_(out[:, 0].to(output.dtype))
+
+
+def extend_attention_cpu(
+    q_extend: torch.Tensor,
+    k_extend: torch.Tensor | None,
+    v_extend: torch.Tensor | None,
+    o_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    k_scale: float,
+    v_scale: float,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    extend_seq_lens: torch.Tensor,
+    extend_start_loc: torch.Tensor,
+    max_len_extend: int,
+    sm_scale: float,
+    logit_cap: float,
+    is_cross_attention: bool = False,
+    sliding_window_size: int = 0,
+    encoder_lens: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    custom_mask: torch.Tensor | None = None,
+    is_causal: bool = True,
+) -> None:
+    """Prefill / verify: request ``b`` has ``prefix = seq_lens[b] - extend_seq_lens[b]`` cached tokens and
+    ``extend_seq_lens[b]`` new ones at rows ``extend_start_loc[b] + i`` of ``q_extend``/``k_extend``.
+
+    Query ``i`` sees the whole prefix and new keys ``j <= i`` (all of them when not ``is_causal``).
+    ``custom_mask`` (speculative verify trees) replaces the causal rule for the new keys: either
+    ``ext x ext`` per request (SGLang's QLEN_ONLY layout, the one CPU uses) or ``ext x seq_len`` per
+    request (FULL_MASK layout, prefix columns included), concatenated over requests.
+    """
+    if is_cross_attention:
+        raise NotImplementedError("cross-attention has no pure-PyTorch extend fallback")
+    B = seq_lens.numel()
+    if B == 0 or q_extend.shape[0] == 0:
+        return
+    dev = q_extend.device
+    seq = seq_lens.long()
+    ext = extend_seq_lens.long()
+    start = extend_start_loc.long()
+    prefix = seq - ext
+    E = int(ext.max())
+    L = int(seq.max())
+    qpos = torch.arange(E, device=dev)
+    kpos = torch.arange(L, device=dev)
+    q_valid = qpos[None, :] < ext[:, None]  # [B, E]
+    q_rows = (start[:, None] + qpos[None, :]).clamp(max=q_extend.shape[0] - 1)
+    in_prefix = kpos[None, :] < prefix[:, None]  # [B, L]
+    k_valid = kpos[None, :] < seq[:, None]
+
+    slots = req_to_token[req_pool_indices.long()[:, None], kpos[None, :].clamp(max=req_to_token.shape[1] - 1)]
+    use_cache = in_prefix if k_extend is not None else k_valid
+    slots = torch.where(use_cache, slots, torch.zeros_like(slots)).long()
+    keys = k_buffer[slots]
+    vals = v_buffer[slots]
+    if k_extend is not None and v_extend is not None:
+        ext_rows = (start[:, None] + kpos[None, :] - prefix[:, None]).clamp(0, k_extend.shape[0] - 1)
+        sel = (~in_prefix)[..., None, None]
+        keys = torch.where(sel, k_extend[ext_rows].to(keys.dtype), keys)
+        vals = torch.where(sel, v_extend[ext_rows].to(vals.dtype), vals)
+
+    q_abs = prefix[:, None] + qpos[None, :]  # absolute position of each query [B, E]
+    rel = kpos[None, None, :] - prefix[:, None, None]  # key index within the new tokens [B, 1, L]
+    new_key = ~in_prefix[:, None, :] & k_valid[:, None, :]
+    if custom_mask is not None:
+        cm = custom_mask.reshape(-1)
+        if cm.numel() == int((ext * ext).sum()):  # QLEN_ONLY
+            base = torch.cumsum(ext * ext, 0) - ext * ext
+            idx = base[:, None, None] + qpos[None, :, None] * ext[:, None, None] + rel
+            ok = new_key & q_valid[..., None]
+            tree = cm[torch.where(ok, idx, 0)].bool() & ok
+            visible = (in_prefix[:, None, :] & q_valid[..., None]) | tree
+        elif cm.numel() == int((ext * seq).sum()):  # FULL_MASK
+            base = torch.cumsum(ext * seq, 0) - ext * seq
+            idx = base[:, None, None] + qpos[None, :, None] * seq[:, None, None] + kpos[None, None, :]
+            ok = k_valid[:, None, :] & q_valid[..., None]
+            visible = cm[torch.where(ok, idx, 0)].bool() & ok
+        else:
+            raise ValueError(f"custom_mask has {cm.numel()} entries; expected ext*ext or ext*seq_len sums")
+    elif is_causal:
+        visible = (in_prefix[:, None, :] | (new_key & (rel <= qpos[None, :, None]))) & q_valid[..., None]
+    else:
+        visible = k_valid[:, None, :] & q_valid[..., None]
+    if sliding_window_size and sliding_window_size > 0:
+        visible &= kpos[None, None, :] > (q_abs[..., None] - sliding_window_size)
+
+    out = _attend(q_extend[q_rows], keys, vals, visible, sm_scale, k_scale, v_scale, logit_cap, sinks)
+    o_extend[q_rows[q_valid]] = out[q_valid].to(o_extend.dtype)

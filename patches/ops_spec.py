@@ -1,0 +1,288 @@
+"""Pure-PyTorch versions of sgl_kernel's CPU ops for EAGLE trees and KV-slot bookkeeping.
+
+Semantics follow SGLang 0.5.23's Triton kernels (``sglang/kernels/ops/speculative/spec_tree.py``,
+``cache_locs.py``, ``eagle.py``, ``sglang/srt/mem_cache/allocation.py``), which document what the
+C++ ``*_cpu`` ops in sgl_kernel compute. All outputs are written in place, as the real ops do.
+Only loops over tree depth or top-k (a handful of iterations) remain; tokens and nodes are vectorised.
+
+Shapes: ``bs`` requests, ``D = draft_token_num`` tree nodes per request (node 0 is the root, i.e. the
+last verified token), ``S = num_speculative_tokens`` (``accept_index.shape[1]``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _segment_layout(start: torch.Tensor, end: torch.Tensor):
+    """Flatten per-request ranges [start, end) -> (request id, column) of every element, in order."""
+    lens = (end - start).long()
+    total = int(lens.sum())
+    rows = torch.repeat_interleave(torch.arange(lens.numel(), device=lens.device), lens, output_size=total)
+    first = torch.cumsum(lens, 0) - lens
+    cols = start.long()[rows] + torch.arange(total, device=lens.device) - first[rows]
+    return rows, cols
+
+
+def assign_req_to_token_pool_cpu(
+    req_pool_indices: torch.Tensor,
+    req_to_token: torch.Tensor,
+    start_offset: torch.Tensor,
+    end_offset: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    pool_len: int,
+) -> None:
+    """``req_to_token[req_pool_indices[b], start[b]:end[b]] = out_cache_loc[packed range of b]``."""
+    rows, cols = _segment_layout(start_offset, end_offset)
+    if rows.numel() == 0:
+        return
+    req_to_token[req_pool_indices.long()[rows], cols] = out_cache_loc[: rows.numel()].to(req_to_token.dtype)
+
+
+def assign_extend_cache_locs_cpu(
+    req_pool_indices: torch.Tensor,
+    req_to_token: torch.Tensor,
+    start_offset: torch.Tensor,
+    end_offset: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    pool_len: int,
+) -> None:
+    """``out_cache_loc[packed range of b] = req_to_token[req_pool_indices[b], start[b]:end[b]]``."""
+    rows, cols = _segment_layout(start_offset, end_offset)
+    if rows.numel() == 0:
+        return
+    out_cache_loc[: rows.numel()] = req_to_token[req_pool_indices.long()[rows], cols].to(out_cache_loc.dtype)
+
+
+def assign_draft_cache_locs_contiguous_cpu(
+    req_pool_indices: torch.Tensor,
+    req_to_token: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    pool_len: int,
+    topk: int,
+    num_steps: int,
+) -> None:
+    """Row ``b`` of ``out_cache_loc.view(bs, topk * num_steps)`` = request ``b``'s slots
+    ``req_to_token[req_pool_indices[b], seq_lens[b] : seq_lens[b] + topk * num_steps]``."""
+    bs = seq_lens.numel()
+    width = topk * num_steps
+    if bs == 0 or width == 0:
+        return
+    cols = seq_lens.long()[:, None] + torch.arange(width, device=seq_lens.device)
+    vals = req_to_token[req_pool_indices.long()[:, None], cols]
+    out_cache_loc[: bs * width] = vals.reshape(-1).to(out_cache_loc.dtype)
+
+
+def build_draft_decode_metadata_cpu(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    topk: int,
+    num_steps: int,
+    pool_len: int,
+) -> torch.Tensor:
+    """Per-branch KV table for multi-step draft decoding: ``[bs * topk, max(seq_lens) + num_steps]``.
+
+    Row ``b * topk + k`` holds request ``b``'s ``seq_lens[b]`` prefix slots followed by branch ``k``'s
+    ``num_steps`` draft slots ``req_to_token[., seq_lens[b] + k * num_steps + s]`` (the contiguous layout
+    written by ``assign_draft_cache_locs_contiguous``); entries past that are 0.
+    """
+    bs = seq_lens.numel()
+    seq = seq_lens.long()
+    width = (int(seq.max()) if bs else 0) + num_steps
+    rpi = req_pool_indices.long()
+    col = torch.arange(width, device=seq.device)
+    seq_b = seq.repeat_interleave(topk)  # [bs * topk]
+    rpi_b = rpi.repeat_interleave(topk)
+    k = torch.arange(topk, device=seq.device).repeat(bs)
+    in_prefix = col[None, :] < seq_b[:, None]
+    step = col[None, :] - seq_b[:, None]
+    in_draft = (step >= 0) & (step < num_steps)
+    src = torch.where(in_prefix, col[None, :], seq_b[:, None] + k[:, None] * num_steps + step)
+    src = torch.where(in_prefix | in_draft, src, 0).clamp_(max=req_to_token.shape[1] - 1)
+    table = req_to_token[rpi_b[:, None], src]
+    return torch.where(in_prefix | in_draft, table, torch.zeros_like(table))
+
+
+def fill_bonus_tokens_cpu(
+    accept_tokens: torch.Tensor, accept_lens: torch.Tensor, bonus_tokens: torch.Tensor, accept_stride: int
+) -> None:
+    """``bonus_tokens[b] = accept_tokens.flat[accept_stride * b + accept_lens[b] - 1]``."""
+    bs = accept_lens.numel()
+    idx = torch.arange(bs, device=accept_lens.device) * accept_stride + accept_lens.long() - 1
+    bonus_tokens[:bs] = accept_tokens.reshape(-1)[idx].to(bonus_tokens.dtype)
+
+
+def fill_accept_out_cache_loc_cpu(
+    accept_index: torch.Tensor, out_cache_loc: torch.Tensor, accept_out_cache_loc: torch.Tensor
+) -> None:
+    """Pack ``out_cache_loc[i]`` for every ``i = accept_index.flat[p] != -1``, in order of ``p``."""
+    flat = accept_index.reshape(-1)
+    sel = flat[flat != -1].long()
+    accept_out_cache_loc[: sel.numel()] = out_cache_loc[sel].to(accept_out_cache_loc.dtype)
+
+
+def _tree_parents(parent_list: torch.Tensor, selected_index: torch.Tensor, topk: int) -> torch.Tensor:
+    """Parent node of every node 1..D-1 as ``[bs, D]`` (node 0: -1); 0 = root, -1 = parent not found.
+
+    Node ``i`` is ``selected_index[:, i - 1]``; its parent is the root when ``selected // topk == 0``,
+    else the node whose selected index equals ``parent_list[:, selected // topk]``.
+    """
+    bs, n = selected_index.shape
+    sel = selected_index.long()
+    ptb = sel // topk  # [bs, n]
+    if parent_list.numel() == 0:
+        ptok = torch.full_like(ptb, -1)
+    else:
+        ptok = torch.gather(parent_list.long(), 1, ptb.clamp(max=parent_list.shape[1] - 1))
+    match = sel[:, None, :] == ptok[:, :, None]  # [bs, node-1, candidate pp]
+    found = match.any(-1)
+    pos = match.int().argmax(-1) + 1  # first matching pp, as the kernel's forward search
+    parent = torch.where(ptb == 0, 0, torch.where(found, pos, -1))
+    return torch.cat([torch.full((bs, 1), -1, dtype=parent.dtype, device=parent.device), parent], 1)
+
+
+def build_tree_kernel_efficient_cpu(
+    parent_list: torch.Tensor,
+    selected_index: torch.Tensor,
+    verified_seq_len: torch.Tensor,
+    tree_mask: torch.Tensor,
+    positions: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    topk: int,
+    depth: int,
+    draft_token_num: int,
+    tree_mask_mode: int,
+) -> None:
+    """Build the EAGLE verify tree: retrieval links, depths (positions) and attention mask.
+
+    ``retrive_next_token[b, p]`` is the first child of ``p`` (smallest node id) and
+    ``retrive_next_sibling[b, i]`` the next larger sibling; entries the kernel would not write keep
+    their value (callers pre-fill -1). Mask rows (``tree_mask_mode`` 0 = FULL_MASK: ``seq_len + D``
+    columns per row after the caller-filled prefix; 1 = QLEN_ONLY: ``D`` columns) mark the root and
+    every ancestor of a node, itself included; other tree columns are cleared.
+    """
+    bs = verified_seq_len.numel()
+    D = draft_token_num
+    if bs == 0:
+        return
+    dev = verified_seq_len.device
+    seq = verified_seq_len.long()
+    parent = _tree_parents(parent_list, selected_index[:, : D - 1], topk)  # [bs, D]
+    nodes = torch.arange(D, device=dev)
+    b_ids = torch.arange(bs, device=dev)
+
+    retrive_index.view(bs, D).copy_((b_ids[:, None] * D + nodes[None, :]).to(retrive_index.dtype))
+
+    # Links: children of each parent in ascending node order.
+    has_parent = parent >= 0
+    has_parent[:, 0] = False
+    same = (parent[:, :, None] == parent[:, None, :]) & has_parent[:, :, None] & has_parent[:, None, :]
+    later = nodes[None, :] > nodes[:, None]  # [i, j]: j > i
+    nxt = same & later[None]
+    big = D + 1
+    sib = torch.where(nxt, nodes[None, None, :], big).min(-1).values  # [bs, D]
+    sib_mask = has_parent & (sib < big)
+    rs = retrive_next_sibling.view(bs, D)
+    rs.copy_(torch.where(sib_mask, sib, rs))
+    child = (parent[:, None, :] == nodes[None, :, None]) & has_parent[:, None, :]  # [bs, p, i]
+    first = torch.where(child, nodes[None, None, :], big).min(-1).values
+    rn = retrive_next_token.view(bs, D)
+    rn.copy_(torch.where(first < big, first, rn))
+
+    # Ancestors and depth: walk up at most `depth` levels, all nodes at once.
+    anc = torch.zeros(bs, D, D, dtype=torch.bool, device=dev)
+    anc[:, :, 0] = True
+    cur = nodes[None, :].expand(bs, D).clone()
+    active = torch.ones(bs, D, dtype=torch.bool, device=dev)
+    active[:, 0] = False
+    level = torch.zeros(bs, D, dtype=torch.long, device=dev)
+    for _ in range(depth):
+        if not bool(active.any()):
+            break
+        level += active.long()
+        anc.scatter_(2, cur[..., None], active[..., None] | anc.gather(2, cur[..., None]))
+        p = parent.gather(1, cur)
+        active = active & (p > 0)
+        cur = torch.where(active, p, cur)
+    positions.view(bs, D).copy_((seq[:, None] + level).to(positions.dtype))
+
+    if tree_mask_mode == 0:  # FULL_MASK: rows of seq_len + D columns, prefix left as filled
+        row_len = seq + D
+        block = torch.cumsum(D * row_len, 0) - D * row_len
+        base = block[:, None, None] + nodes[None, :, None] * row_len[:, None, None] + seq[:, None, None]
+        idx = base + nodes[None, None, :]
+    elif tree_mask_mode == 1:  # QLEN_ONLY
+        idx = (b_ids[:, None, None] * D + nodes[None, :, None]) * D + nodes[None, None, :]
+    else:
+        raise NotImplementedError(f"tree_mask_mode {tree_mask_mode} (bit-packed) has no CPU fallback")
+    tree_mask.view(-1)[idx.reshape(-1)] = anc.reshape(-1).to(tree_mask.dtype)
+
+
+def verify_tree_greedy_cpu(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    candidates: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    target_predict: torch.Tensor,
+) -> None:
+    """Greedy tree verification (SGLang ``verify_tree_greedy``).
+
+    From the root, repeatedly descend to the first child (in sibling order) whose candidate token equals
+    the target's prediction at the current node; stop when none does. Writes ``accept_index[b, 0..n]``
+    (global node ids; rest untouched), ``accept_token_num[b] = n`` and ``predicts[node] =
+    target_predict[node]`` for every accepted node and the last one.
+    """
+    bs, D = candidates.shape
+    S = accept_index.shape[1]
+    if bs == 0:
+        return
+    dev = candidates.device
+    rows = torch.arange(bs, device=dev)
+    ridx = retrive_index.view(bs, D).long()
+    rnext = retrive_next_token.view(bs, D).long()
+    rsib = retrive_next_sibling.view(bs, D).long()
+    cand = candidates.view(bs, D)
+    tflat = target_predict.reshape(-1)
+    pflat = predicts.view(-1)
+    # children[b, n, c]: c-th child of node n in sibling order (-1 past the end); at most D - 1.
+    max_children = D - 1
+    children = torch.full((bs, D, max(max_children, 1)), -1, dtype=torch.long, device=dev)
+    c = rnext
+    for k in range(max_children):  # topk bounds this in practice; vectorised over all nodes
+        children[:, :, k] = c
+        if not bool((c >= 0).any()):
+            break
+        c = torch.where(c >= 0, rsib.gather(1, c.clamp(min=0)), c)
+
+    cur = torch.zeros(bs, dtype=torch.long, device=dev)  # local node id
+    last = ridx[:, 0]  # global retrieve index of the last accepted node
+    accept_index[:, 0] = last.to(accept_index.dtype)
+    num = torch.zeros(bs, dtype=torch.long, device=dev)
+    alive = torch.ones(bs, dtype=torch.bool, device=dev)
+    for j in range(1, S):
+        kids = children[rows, cur]  # [bs, C]
+        valid = kids >= 0
+        target = tflat[last]
+        tok = cand.gather(1, kids.clamp(min=0))
+        hit = valid & (tok == target[:, None]) & alive[:, None]
+        found = hit.any(1)
+        pick = kids.gather(1, hit.int().argmax(1, keepdim=True)).squeeze(1)
+        if bool(found.any()):
+            g = ridx.gather(1, pick.clamp(min=0)[:, None]).squeeze(1)
+            pflat[last[found]] = target[found].to(pflat.dtype)
+            accept_index[found, j] = g[found].to(accept_index.dtype)
+            num = num + found.long()
+            last = torch.where(found, g, last)
+            cur = torch.where(found, pick, cur)
+        alive = alive & found
+        if not bool(alive.any()):
+            break
+    accept_token_num.view(-1)[:bs] = num.to(accept_token_num.dtype)
+    pflat[last] = tflat[last].to(pflat.dtype)

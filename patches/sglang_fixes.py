@@ -1,0 +1,67 @@
+"""Fixes applied to SGLang 0.5.23 modules right after they are imported, only on CPU-only hosts.
+
+``TARGETS`` maps a module name to a function called with the freshly executed module (only when the
+pure-PyTorch ``sgl_kernel`` fallback is in use). Each fix names the SGLang file and version it
+targets, so that an upgrade knows what to drop. No heavy imports at module level:
+``patches._bootstrap`` imports this file on the first ``sglang.*`` import.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger("nanospec.patches")
+
+# KV-cache size used on CPU when --max-total-tokens is not given (SGLang 0.5.23 otherwise sizes the
+# CPU KV cache from free RAM: 14 GB for a 4.9 MB model). Override with NANOSPEC_CPU_MAX_TOTAL_TOKENS.
+CPU_DEFAULT_MAX_TOTAL_TOKENS = 32768
+
+
+def _fix_attention_hook(mod) -> None:
+    """sglang/srt/arg_groups/attention_hook.py (0.5.23) runs ``_attention_backend_platform_fallbacks``
+    (from overrides.py), which rewrites ``intel_amx`` to ``torch_native`` when the CPU lacks AMX.
+    torch_native has no EAGLE support (srt/speculative/draft_utils.py), while the intel_amx backend only
+    needs ``decode_attention_cpu``/``extend_attention_cpu``, which the fallback provides for any CPU.
+    Keep intel_amx on CPU; other rewrites are unchanged."""
+    original = mod._attention_backend_platform_fallbacks
+    if getattr(original, "__nanospec__", False):
+        return
+
+    def _attention_backend_platform_fallbacks(view):
+        if view.device == "cpu" and "intel_amx" in (
+            view.attention_backend,
+            view.prefill_attention_backend,
+            view.decode_attention_backend,
+        ):
+            return {}
+        return original(view)
+
+    _attention_backend_platform_fallbacks.__nanospec__ = True
+    _attention_backend_platform_fallbacks.__qualname__ = original.__qualname__
+    mod._attention_backend_platform_fallbacks = _attention_backend_platform_fallbacks
+
+
+def _fix_platform_hook(mod) -> None:
+    """sglang/srt/arg_groups/platform_hook.py (0.5.23) ``handle_cpu_backends`` picks CPU backends but
+    leaves ``max_total_tokens`` unset, so the KV cache takes a fraction of all free RAM. Default it to
+    ``CPU_DEFAULT_MAX_TOTAL_TOKENS`` (SGLang still lowers it if memory is short)."""
+    original = mod.handle_cpu_backends
+    if getattr(original, "__nanospec__", False):
+        return
+
+    def handle_cpu_backends(server_args):
+        original(server_args)
+        cfg = mod.resolving_view(server_args)
+        if cfg.device == "cpu" and cfg.max_total_tokens is None:
+            value = int(os.environ.get("NANOSPEC_CPU_MAX_TOTAL_TOKENS", CPU_DEFAULT_MAX_TOTAL_TOKENS))
+            mod.declare_resolution(server_args, "_nanospec_cpu_defaults", max_total_tokens=value)
+
+    handle_cpu_backends.__nanospec__ = True
+    mod.handle_cpu_backends = handle_cpu_backends
+
+
+TARGETS = {
+    "sglang.srt.arg_groups.attention_hook": _fix_attention_hook,
+    "sglang.srt.arg_groups.platform_hook": _fix_platform_hook,
+}
