@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> Path:
     while progress.step < opts["max_steps"]:
         step = progress.step
         sums = torch.zeros(3, k_steps, device=accelerator.device)  # loss*count, correct, count
-        total_loss = 0.0
+        total_loss = torch.zeros((), device=accelerator.device)
         for micro in range(opts["grad_accum"]):
             index = step * opts["grad_accum"] + micro
             picked = batch_indices(len(samples), bs * world, index, opts["seed"])[rank * bs : (rank + 1) * bs]
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> Path:
                     head_weight=head_w if opts["tie_head"] else None,
                 )
                 accelerator.backward(out["loss"] / opts["grad_accum"])
-            total_loss += out["loss"].item() / opts["grad_accum"]
+            total_loss += out["loss"].detach() / opts["grad_accum"]
             sums += torch.stack([out["step_loss"] * out["count"], out["correct"], out["count"]])
         grad_norm = (
             accelerator.clip_grad_norm_(params, opts["max_grad_norm"]) if opts["max_grad_norm"] else None
@@ -190,11 +190,12 @@ def main(argv: list[str] | None = None) -> Path:
         optimizer.zero_grad(set_to_none=True)
         progress.step += 1
         sums = accelerator.reduce(sums, "sum")
+        total_loss = accelerator.reduce(total_loss, "mean")
         if progress.step % opts["log_every"] == 0 or progress.step == opts["max_steps"]:
             counts_k = sums[2].clamp(min=1)
             row = {
                 "step": progress.step,
-                "loss": total_loss,
+                "loss": round(total_loss.item(), 5),
                 "lr": scheduler.get_last_lr()[0],
                 "tokens": int(sums[2, 0].item()),
                 "elapsed_s": round(time.time() - t0, 2),

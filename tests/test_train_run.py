@@ -1,0 +1,278 @@
+"""train/eagle3.py end to end on a tiny random Llama: run, resume, config, export, evaluation, learning."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.support.tiny_models import make_tiny_llama
+from train import config as train_config
+from train import evaluate as train_evaluate
+from train import export as train_export
+from train.eagle3 import main as train_main
+
+ROOT = Path(__file__).resolve().parents[1]
+WORDS = ["one", "two", "three", "four", "five", "six"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Tiny matmuls: a second thread only adds contention on a shared 2-core runner.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return make_tiny_llama(tmp_path_factory.mktemp("target"))  # 3 layers, vocab 512, random
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Counting conversations: the reply continues a fixed cycle of words from where the user says."""
+    rng = random.Random(0)
+    records = []
+    for _ in range(72):
+        s = rng.randrange(len(WORDS))
+        reply = " ".join(WORDS[(s + j) % len(WORDS)] for j in range(12))
+        records.append(
+            {
+                "conversations": [
+                    {"from": "human", "value": f"count from {WORDS[s]}"},
+                    {"from": "gpt", "value": reply},
+                ]
+            }
+        )
+    path = tmp_path_factory.mktemp("data") / "count.json"
+    path.write_text(json.dumps(records))
+    return path
+
+
+@pytest.fixture(scope="module")
+def script_run(target, corpus, tmp_path_factory):
+    """`python train/eagle3.py --config configs/train/tiny.yaml` with a flag overriding a YAML key."""
+    out = tmp_path_factory.mktemp("run")
+    cmd = [
+        sys.executable,
+        "train/eagle3.py",
+        "--config",
+        "configs/train/tiny.yaml",
+        "--target-model-path",
+        str(target),
+        "--data-path",
+        str(corpus),
+        "--output-dir",
+        str(out),
+        "--ttt-steps",
+        "2",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def read_metrics(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_script_run_logs_every_step_checkpoints_and_writes_a_full_vocabulary_draft(script_run):
+    rows = read_metrics(script_run)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert {"loss", "lr", "acc_1", "acc_2", "loss_1", "loss_2"} <= rows[0].keys() and "acc_3" not in rows[0]
+    assert [p.name for p in sorted((script_run / "checkpoints").iterdir())] == ["step_2", "step_3"]
+    assert list((script_run / "tensorboard").glob("events.out.tfevents.*"))
+    cfg = json.loads((script_run / "final" / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert cfg["draft_vocab_size"] == cfg["vocab_size"] == 512 and cfg["num_hidden_layers"] == 1
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 0, -1]  # SGLang default, 3 layers
+    assert cfg["tie_word_embeddings"] is False
+    weights = load_file(str(script_run / "final" / "model.safetensors"))
+    assert weights["lm_head.weight"].shape == (512, 64) and weights["fc.weight"].shape == (64, 3 * 64)
+    assert (
+        "midlayer.self_attn.q_proj.weight" in weights
+        and weights["midlayer.self_attn.q_proj.weight"].shape[1] == 128
+    )
+    assert not {"d2t", "t2d", "embed_tokens.weight"} & weights.keys()
+
+
+def test_resumed_run_ends_with_the_same_step_count_and_parameters_as_an_uninterrupted_one(
+    target, corpus, tmp_path
+):
+    common = [
+        "--target-model-path",
+        str(target),
+        "--data-path",
+        str(corpus),
+        "--max-steps",
+        "6",
+        "--ttt-steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--lr",
+        "1e-2",
+        "--save-every",
+        "0",
+        "--max-length",
+        "64",
+    ]
+    train_main([*common, "--output-dir", str(tmp_path / "a")])
+    train_main([*common, "--output-dir", str(tmp_path / "b"), "--stop-at-step", "4"])
+    assert not (tmp_path / "b" / "final").exists()
+    assert [p.name for p in (tmp_path / "b" / "checkpoints").iterdir()] == ["step_4"]
+    train_main([*common, "--output-dir", str(tmp_path / "b"), "--resume"])
+    a = load_file(str(tmp_path / "a" / "checkpoints" / "step_6" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "checkpoints" / "step_6" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    ra, rb = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
+    assert [r["step"] for r in rb] == [1, 2, 3, 4, 5, 6]
+    assert [r["loss"] for r in ra] == [r["loss"] for r in rb]  # same batches in the same order
+    initial = load_file(str(tmp_path / "b" / "checkpoints" / "step_6" / "model.safetensors"))
+    assert not torch.equal(initial["fc.weight"], torch.zeros_like(initial["fc.weight"]))
+
+
+def test_flags_override_yaml_keys_and_bad_options_are_named(tmp_path):
+    yaml_path = tmp_path / "c.yaml"
+    yaml_path.write_text("lr: 0.5\nttt-steps: 4\naux_layer_ids: [0, 1, 2]\noutput_dir: /x\n")
+    opts = train_config.load(
+        ["--config", str(yaml_path), "--lr", "0.25", "--target-model-path", "m", "--data-path", "d"]
+    )
+    assert opts["lr"] == 0.25 and opts["ttt_steps"] == 4 and opts["aux_layer_ids"] == [0, 1, 2]
+    assert opts["output_dir"] == "/x" and opts["warmup_steps"] == 20  # 2% of the default 1000 steps
+    yaml_path.write_text("learning_rate: 0.1\n")
+    with pytest.raises(ValueError, match="unknown option 'learning_rate'"):
+        train_config.load(["--config", str(yaml_path)])
+    with pytest.raises(ValueError, match="--data-path"):
+        train_config.load(["--target-model-path", "m", "--output-dir", "o"])
+
+
+def test_top_n_export_keeps_the_most_frequent_tokens_with_eos_in_sglangs_d2t_format(script_run, tmp_path):
+    out = tmp_path / "top"
+    train_export.main(
+        [
+            "--checkpoint",
+            str(script_run / "checkpoints" / "step_3"),
+            "--output",
+            str(out),
+            "--top-n",
+            "20",
+            "--dtype",
+            "float32",
+        ]
+    )
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == 20 and cfg["vocab_size"] == 512
+    w = load_file(str(out / "model.safetensors"))
+    ids = w["d2t"] + torch.arange(20)  # SGLang: hot_token_id = d2t + arange
+    counts = load_file(str(script_run / "token_counts.safetensors"))["counts"]
+    eos = cfg["eos_token_id"]
+    assert eos in ids.tolist() and ids.tolist() == sorted(ids.tolist())
+    others = [i for i in ids.tolist() if i != eos]
+    rest = torch.ones(512, dtype=torch.bool)
+    rest[ids] = False
+    assert counts[others].min() >= counts[rest].max()  # nothing outside is more frequent than what is kept
+    assert w["t2d"].sum() == 20 and w["t2d"][ids].all()
+    full = load_file(str(script_run / "checkpoints" / "step_3" / "model.safetensors"))
+    torch.testing.assert_close(w["lm_head.weight"], full["lm_head.weight"][ids])
+
+
+def test_tied_head_draft_has_no_head_of_its_own_and_evaluates_with_the_targets(target, corpus, tmp_path):
+    train_main(
+        [
+            "--target-model-path",
+            str(target),
+            "--data-path",
+            str(corpus),
+            "--output-dir",
+            str(tmp_path),
+            "--max-steps",
+            "2",
+            "--ttt-steps",
+            "2",
+            "--tie-head",
+            "--max-length",
+            "64",
+            "--save-every",
+            "0",
+        ]
+    )
+    cfg = json.loads((tmp_path / "final" / "config.json").read_text())
+    assert cfg["draft_vocab_size"] is None  # SGLang then binds the target's LM head
+    assert "lm_head.weight" not in load_file(str(tmp_path / "final" / "model.safetensors"))
+    res = train_evaluate.main(
+        [
+            "--draft",
+            str(tmp_path / "final"),
+            "--target-model-path",
+            str(target),
+            "--data-path",
+            str(corpus),
+            "--holdout",
+            "4",
+            "--steps",
+            "2",
+            "--max-length",
+            "64",
+        ]
+    )
+    assert res["positions"] > 0 and 0 <= res["acc_2"] <= 1
+
+
+def test_training_learns_the_target_on_a_patterned_corpus(target, corpus, tmp_path):
+    """A few hundred steps take TTT-step-1 agreement with the target from chance (1/512) to most tokens."""
+    train_main(
+        [
+            "--target-model-path",
+            str(target),
+            "--data-path",
+            str(corpus),
+            "--output-dir",
+            str(tmp_path),
+            "--max-steps",
+            "300",
+            "--ttt-steps",
+            "3",
+            "--batch-size",
+            "4",
+            "--lr",
+            "3e-3",
+            "--head-init",
+            "random",
+            "--eval-holdout",
+            "8",
+            "--save-every",
+            "0",
+        ]
+    )
+    rows = read_metrics(tmp_path)
+    assert rows[0]["acc_1"] < 0.05
+    late = [r["acc_1"] for r in rows[-5:]]
+    assert sum(late) / len(late) > 0.6, late
+    res = train_evaluate.main(
+        [
+            "--draft",
+            str(tmp_path / "final"),
+            "--target-model-path",
+            str(target),
+            "--data-path",
+            str(corpus),
+            "--holdout",
+            "8",
+            "--steps",
+            "3",
+        ]
+    )
+    assert res["acc_1"] > 0.5, res  # held-out conversations
+    assert res["chain_1"] == res["acc_1"] and res["chain_3"] <= res["chain_2"] <= res["chain_1"]
+    assert res["accept_length_estimate"] > 1.5
