@@ -224,3 +224,16 @@ def test_bookkeeping_per_request_stays_under_half_a_mib_at_llama3_vocab():
     bookkeeping = (nb["total"] - nb["packed"]) / 2
     assert bookkeeping <= 0.5 * 2**20
     assert nb["per_request"] == nb["total"] // 2
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_empty_batches_and_empty_candidate_rows_change_nothing(backend: str):
+    dv = DynamicVocab(torch.randn(20, 4), 2, NanoSpecConfig(w_max=4), backend=backend)
+    dv.start(0, torch.tensor([1, 2]))
+    before = {n: getattr(dv.state, n).clone() for n in STATE_FIELDS}
+    dv.extend(torch.zeros(0, dtype=torch.long), torch.zeros(0, 3, dtype=torch.long),
+              torch.zeros(0, 3, dtype=torch.bool))
+    dv.extend(torch.tensor([0]), torch.zeros(1, 0, dtype=torch.long), torch.zeros(1, 0, dtype=torch.bool))
+    dv.extend(torch.tensor([0]), torch.tensor([[5, 6]]), torch.zeros(1, 2, dtype=torch.bool))
+    assert all(torch.equal(getattr(dv.state, n), t) for n, t in before.items())
+    assert dv.logits(torch.randn(0, 4), torch.zeros(0, dtype=torch.long)).shape == (0, 4)
