@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from patches import ops_attention, ops_memory, ops_spec
+from patches import ops_attention, ops_memory, ops_spec, profiling
 
 SCHEMAS = {
     "decode_attention_cpu": (
@@ -73,6 +73,9 @@ SCHEMAS = {
     ),
 }
 
+# The Python functions sgl_kernel exports (timed when NANOSPEC_PROFILE_OPS is set; see profiling.py).
+OPS = {name: profiling.timed("op:" + name, fn) for name, (fn, _) in SCHEMAS.items()}
+
 _LIB: torch.library.Library | None = None
 
 
@@ -82,9 +85,9 @@ def register() -> None:
     if _LIB is not None:
         return
     lib = torch.library.Library("sgl_kernel", "FRAGMENT")
-    for name, (fn, schema) in SCHEMAS.items():
+    for name, (_, schema) in SCHEMAS.items():
         if hasattr(torch.ops.sgl_kernel, name):
             continue  # defined by a real sgl_kernel build: never shadow it
         lib.define(name + schema)
-        lib.impl(name, fn, "CompositeExplicitAutograd")
+        lib.impl(name, OPS[name], "CompositeExplicitAutograd")
     _LIB = lib

@@ -65,3 +65,24 @@ TARGETS = {
     "sglang.srt.arg_groups.attention_hook": _fix_attention_hook,
     "sglang.srt.arg_groups.platform_hook": _fix_platform_hook,
 }
+
+
+def _profile_model_runner(mod) -> None:
+    """Benchmark only (NANOSPEC_PROFILE_OPS): time every forward pass, target and draft."""
+    from patches import profiling
+
+    cls = mod.ModelRunner
+    cls.forward = profiling.timed("forward", cls.forward)
+
+
+def _profile_eagle_worker(mod) -> None:
+    """Benchmark only (NANOSPEC_PROFILE_OPS): time one speculative cycle (draft, verify, draft extend)."""
+    from patches import profiling
+
+    cls = mod.EAGLEWorkerV2
+    cls.forward_batch_generation = profiling.timed("cycle", cls.forward_batch_generation)
+
+
+if os.environ.get("NANOSPEC_PROFILE_OPS"):
+    TARGETS["sglang.srt.model_executor.model_runner"] = _profile_model_runner
+    TARGETS["sglang.srt.speculative.eagle_worker_v2"] = _profile_eagle_worker

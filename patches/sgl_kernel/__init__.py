@@ -7,20 +7,10 @@ raises ``NotImplementedError`` naming the op when called, so that SGLang modules
 names at import time still load.
 """
 
-from patches.ops_attention import decode_attention_cpu, extend_attention_cpu  # noqa: F401
-from patches.ops_memory import copy_all_layer_kv_cache_cpu  # noqa: F401
-from patches.ops_spec import (  # noqa: F401
-    assign_draft_cache_locs_contiguous_cpu,
-    assign_extend_cache_locs_cpu,
-    assign_req_to_token_pool_cpu,
-    build_draft_decode_metadata_cpu,
-    build_tree_kernel_efficient_cpu,
-    fill_accept_out_cache_loc_cpu,
-    fill_bonus_tokens_cpu,
-    verify_tree_greedy_cpu,
-)
+from patches.registry import OPS as _OPS
 from patches.registry import register as _register
 
+globals().update(_OPS)  # decode_attention_cpu, verify_tree_greedy_cpu, ... (see patches/registry.py)
 __nanospec_fallback__ = True
 __version__ = "0.0.0+nanospec.cpu"
 _register()

@@ -6,10 +6,10 @@ API (kept stable):
 startup_timeout=600.0)``
     Describes a server; nothing runs until ``start()``. ``args`` are extra ``sglang.launch_server``
     arguments (e.g. ``["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", d]``).
-    With ``device="cpu"`` the helper adds ``--device cpu``, ``SGLANG_USE_CPU_ENGINE=1``,
-    ``OMP_NUM_THREADS=1`` (unless set in the environment or ``env``) and small
-    CPU-friendly defaults (``--max-total-tokens 4096 --max-running-requests 8
-    --disable-cuda-graph --mem-fraction-static 0.1 --skip-server-warmup`` unless given in ``args``).
+    With ``device="cpu"`` the helper adds ``--device cpu`` and ``--skip-server-warmup`` (unless given in
+    ``args``) and ``OMP_NUM_THREADS=1`` (unless set in the environment or ``env``). Nothing else: the
+    installed ``patches/`` start-up hook sets ``SGLANG_USE_CPU_ENGINE=1`` and a CPU default for
+    ``--max-total-tokens`` (docs/cpu.md), so the server runs exactly as a user's would.
     ``start()`` launches ``python -m sglang.launch_server`` on a free localhost port in its own process
     group, output to ``log_path`` (a temp file by default), and waits until ``/health`` answers 200 and
     ``/get_model_info`` answers; if the process dies or the timeout passes it raises ``RuntimeError``
@@ -50,12 +50,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-CPU_DEFAULTS = {
-    "--max-total-tokens": "4096",
-    "--max-running-requests": "8",
-    "--mem-fraction-static": "0.1",
-}
-CPU_FLAGS = ("--disable-cuda-graph", "--skip-server-warmup")
+CPU_DEFAULTS: dict[str, str] = {}
+CPU_FLAGS = ("--skip-server-warmup",)
 
 _LIVE: set[SGLangServer] = set()
 
@@ -127,7 +123,6 @@ class SGLangServer:
             return self
         env = dict(os.environ)
         if self.device == "cpu":
-            env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
             # Tiny test models: one OpenMP thread avoids spin-wait collapse on a busy 2-core host.
             env.setdefault("OMP_NUM_THREADS", "1")
         env.update(self.env)

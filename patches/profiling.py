@@ -1,0 +1,69 @@
+"""Opt-in timing of the fallback ops and of SGLang's forward passes, for ``python -m patches.bench``.
+
+Enabled in a process when ``NANOSPEC_PROFILE_OPS`` names a directory: every fallback op, every
+``ModelRunner.forward`` (target and draft) and every ``EAGLEWorkerV2.forward_batch_generation`` (one
+speculative cycle) add their wall time to per-name totals, written to ``<dir>/<pid>.json`` at most
+twice a second and at exit. Off (the default), nothing is wrapped and nothing costs anything.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import threading
+import time
+
+_DIR = os.environ.get("NANOSPEC_PROFILE_OPS")
+_STATS: dict[str, list[float]] = {}
+_LOCK = threading.Lock()
+_LAST = [0.0]
+_DEPTH = threading.local()
+
+
+def enabled() -> bool:
+    return bool(_DIR)
+
+
+def _flush(force: bool = False) -> None:
+    now = time.monotonic()
+    if not force and now - _LAST[0] < 0.5:
+        return
+    _LAST[0] = now
+    os.makedirs(_DIR, exist_ok=True)
+    path = os.path.join(_DIR, f"{os.getpid()}.json")
+    with _LOCK:
+        data = {k: {"seconds": v[0], "calls": int(v[1])} for k, v in _STATS.items()}
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f)
+    os.replace(path + ".tmp", path)
+
+
+def timed(name: str, fn):
+    """Wrap ``fn`` so that its wall time adds to ``name``; only outermost calls of a name count."""
+    if not enabled():
+        return fn
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        depth = getattr(_DEPTH, name, 0)
+        setattr(_DEPTH, name, depth + 1)
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            setattr(_DEPTH, name, depth)
+            if depth == 0:
+                dt = time.perf_counter() - t0
+                with _LOCK:
+                    s = _STATS.setdefault(name, [0.0, 0])
+                    s[0] += dt
+                    s[1] += 1
+                _flush()
+
+    return wrapper
+
+
+if enabled():
+    atexit.register(_flush, True)
