@@ -46,7 +46,7 @@ OPTIONS: dict[str, tuple[type, object, str]] = {
     "log_every": (int, 1, "metrics every N steps"),
     "resume": (bool, False, "continue from the latest checkpoint in output_dir"),
     "stop_at_step": (int, None, "checkpoint and stop after this step (schedule still follows max_steps)"),
-    "max_minutes": (float, None, "checkpoint and stop after this much wall time"),
+    "max_minutes": (float, None, "checkpoint, export and stop after this much wall time"),
     "export_top_n": (str, None, "also export static top-N heads, e.g. '32000' or '8000,32000'"),
 }
 

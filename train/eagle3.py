@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> Path:
     metrics_file = open(run / "metrics.jsonl", "a") if main_proc else None  # noqa: SIM115
     bar = tqdm(total=opts["max_steps"], initial=progress.step, disable=not main_proc, desc="train")
     t0 = time.time()
-    stopped_early = False
+    stopped_early = interrupted = False
     while progress.step < opts["max_steps"]:
         step = progress.step
         sums = torch.zeros(3, k_steps, device=accelerator.device)  # loss*count, correct, count
@@ -217,21 +217,21 @@ def main(argv: list[str] | None = None) -> Path:
         out_of_time = (
             accelerator.reduce(torch.tensor(float(out_of_time), device=accelerator.device), "sum") > 0
         )
-        stop_here = opts["stop_at_step"] is not None and progress.step >= opts["stop_at_step"]
-        if stop_here or out_of_time:
-            stopped_early = progress.step < opts["max_steps"]
+        # stop_at_step is an interruption (no export); running out of time still exports what was learnt.
+        interrupted = opts["stop_at_step"] is not None and progress.step >= opts["stop_at_step"]
+        stopped_early = (interrupted or bool(out_of_time)) and progress.step < opts["max_steps"]
         periodic = opts["save_every"] and progress.step % opts["save_every"] == 0
         if periodic or stopped_early or progress.step == opts["max_steps"]:
             save_checkpoint(accelerator, run, progress.step, opts["keep_checkpoints"])
         if stopped_early:
-            accelerator.print(f"stopped at step {progress.step}; continue with --resume")
+            accelerator.print(f"stopped at step {progress.step} of {opts['max_steps']}; resume with --resume")
             break
     bar.close()
     if main_proc:
         metrics_file.close()
         writer.close()
     final = run / "final"
-    if not stopped_early and main_proc:
+    if not (stopped_early and interrupted) and main_proc:
         draft = accelerator.unwrap_model(model)
         save_draft(draft, final)
         from safetensors.torch import load_file
