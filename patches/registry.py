@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from patches import ops_attention, ops_memory, ops_spec, profiling
+from patches import ops_attention, ops_memory, ops_sampling, ops_spec, profiling
 
 SCHEMAS = {
     "decode_attention_cpu": (
@@ -71,6 +71,17 @@ SCHEMAS = {
         ops_memory.copy_all_layer_kv_cache_cpu,
         "(Tensor data_ptrs, Tensor strides, Tensor tgt_loc, Tensor src_loc) -> ()",
     ),
+    "tree_speculative_sampling_target_only": (
+        ops_sampling.tree_speculative_sampling_target_only,
+        "(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, Tensor candidates, "
+        "Tensor retrive_index, Tensor retrive_next_token, Tensor retrive_next_sibling, "
+        "Tensor uniform_samples, Tensor uniform_samples_for_final_sampling, Tensor target_probs, "
+        "Tensor(d!) draft_probs, float threshold_single=1.0, float threshold_acc=1.0, "
+        "bool deterministic=True) -> ()",
+    ),
+    # Python-level only (flashinfer names; SGLang's CPU path has none): no torch.ops schema.
+    "top_k_renorm_prob": (ops_sampling.top_k_renorm_prob, None),
+    "top_p_renorm_prob": (ops_sampling.top_p_renorm_prob, None),
 }
 
 # The Python functions sgl_kernel exports (timed when NANOSPEC_PROFILE_OPS is set; see profiling.py).
@@ -86,7 +97,7 @@ def register() -> None:
         return
     lib = torch.library.Library("sgl_kernel", "FRAGMENT")
     for name, (_, schema) in SCHEMAS.items():
-        if hasattr(torch.ops.sgl_kernel, name):
+        if schema is None or hasattr(torch.ops.sgl_kernel, name):
             continue  # defined by a real sgl_kernel build: never shadow it
         lib.define(name + schema)
         lib.impl(name, OPS[name], "CompositeExplicitAutograd")

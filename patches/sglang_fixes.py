@@ -61,9 +61,33 @@ def _fix_platform_hook(mod) -> None:
     mod.handle_cpu_backends = handle_cpu_backends
 
 
+def _fix_eagle_utils(mod) -> None:
+    """sglang/srt/speculative/eagle_utils.py (0.5.23): ``_verify_uses_greedy`` is true whenever
+    ``is_cpu``, so on CPU an EAGLE request with temperature > 0 gets the target's argmax instead of a
+    sample (not the distribution plain decoding samples from), because the tree sampling and the
+    top-k/top-p renormalisation kernels exist only for CUDA (``tree_speculative_sampling_target_only``
+    and ``top_k_renorm_prob``/``top_p_renorm_prob`` are None there). Provide pure-PyTorch ones
+    (patches/ops_sampling.py) and let CPU take SGLang's sampling branch."""
+    from patches.registry import OPS
+
+    original = mod._verify_uses_greedy
+    if getattr(original, "__nanospec__", False):
+        return
+
+    def _verify_uses_greedy(*, is_cpu, **kwargs):
+        return original(is_cpu=False, **kwargs)
+
+    _verify_uses_greedy.__nanospec__ = True
+    mod._verify_uses_greedy = _verify_uses_greedy
+    mod.tree_speculative_sampling_target_only = OPS["tree_speculative_sampling_target_only"]
+    mod.top_k_renorm_prob = OPS["top_k_renorm_prob"]
+    mod.top_p_renorm_prob = OPS["top_p_renorm_prob"]
+
+
 TARGETS = {
     "sglang.srt.arg_groups.attention_hook": _fix_attention_hook,
     "sglang.srt.arg_groups.platform_hook": _fix_platform_hook,
+    "sglang.srt.speculative.eagle_utils": _fix_eagle_utils,
 }
 
 

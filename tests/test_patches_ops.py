@@ -403,3 +403,106 @@ def test_attention_softmax_is_stable_for_large_scores():
         1 / math.sqrt(8), 0.0, False, 0, None, None,
     )  # fmt: skip
     assert torch.isfinite(o).all()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Verification by sampling (SGLang's CUDA tree_speculative_sampling_target_only) and renormalisation
+
+
+def ref_tree_sampling(candidates, ridx, rnext, rsib, coins, final_coins, target, S, th_single, th_acc):
+    bs, D = candidates.shape
+    V = target.shape[-1]
+    tp = target.reshape(bs * D, V)
+    dp = torch.zeros_like(tp)
+    predicts = torch.zeros(bs * D, dtype=torch.int32)
+    accept_index = torch.full((bs, S), -1, dtype=torch.int32)
+    accept_num = torch.zeros(bs, dtype=torch.int32)
+    for b in range(bs):
+        acc, row, coin = 0.0, b * D, float(coins[b, 0])
+        last = int(ridx[b, 0])
+        accept_index[b, 0] = last
+        n, cur = 0, 0
+        for _ in range(1, S):
+            cur = int(rnext[b, cur])
+            while cur != -1:
+                tok = int(candidates[b, cur])
+                p = float(tp[row, tok])
+                acc += p
+                if p > 0 and (coin < acc / th_acc or p >= th_single):
+                    acc, row, coin = 0.0, b * D + cur, float(coins[b, cur])
+                    predicts[last] = tok
+                    n += 1
+                    accept_index[b, n] = int(ridx[b, cur])
+                    last = int(ridx[b, cur])
+                    break
+                dp[row, tok] = tp[row, tok]
+                cur = int(rsib[b, cur])
+            if cur == -1:
+                break
+        accept_num[b] = n
+        q = tp[row].double()
+        p = torch.zeros_like(q) if n == S - 1 else dp[row].double()
+        r = (q - p).clamp_min(0)
+        u = float(final_coins[b]) * float(r.sum())
+        run, sampled, last_valid = 0.0, None, -1
+        for i in range(V):
+            if r[i] > 0:
+                run += float(r[i])
+                last_valid = i
+                if run > u:
+                    sampled = i
+                    break
+        if sampled is None:
+            sampled = last_valid if last_valid >= 0 else V - 1
+        predicts[last] = sampled
+    return predicts, accept_index, accept_num, dp
+
+
+@pytest.mark.parametrize("bs,topk,steps,D", TREE_CASES)
+def test_tree_speculative_sampling_matches_reference(bs, topk, steps, D):
+    from patches import ops_sampling
+
+    gen = torch.Generator().manual_seed(99 + bs + topk + steps)
+    V, S = 6, steps + 1
+    seen = set()
+    for trial in range(40):
+        parent_list, selected = make_draft_tree(bs, topk, steps, D, gen)
+        seq_lens = torch.randint(1, 9, (bs,), generator=gen)
+        _, _, ridx, rnext, rsib = ref_build_tree(parent_list, selected, seq_lens, topk, steps, D, 1)
+        candidates = torch.randint(0, V, (bs, D), generator=gen)
+        logits = torch.randn(bs, D, V, generator=gen) * (3.0 if trial % 2 else 0.5)
+        target = torch.softmax(logits.double(), -1)
+        target = torch.where(target < 0.02, 0.0, target)  # zero-mass tokens occur after top-k/top-p
+        target = (target / target.sum(-1, keepdim=True)).float()
+        coins = torch.rand(bs, D, generator=gen)
+        final = torch.rand(bs, generator=gen)
+        th_single, th_acc = (1.0, 1.0) if trial % 3 else (0.6, 0.8)
+        want = ref_tree_sampling(candidates, ridx, rnext, rsib, coins, final, target, S, th_single, th_acc)
+        predicts = torch.zeros(bs * D, dtype=torch.int32)
+        accept_index = torch.full((bs, S), -1, dtype=torch.int32)
+        accept_num = torch.zeros(bs, dtype=torch.int32)
+        draft_probs = torch.zeros_like(target)
+        ops_sampling.tree_speculative_sampling_target_only(
+            predicts, accept_index, accept_num, candidates, ridx, rnext, rsib, coins, final, target,
+            draft_probs, th_single, th_acc, True,
+        )  # fmt: skip
+        assert torch.equal(accept_index, want[1])
+        assert torch.equal(accept_num, want[2])
+        assert torch.equal(predicts, want[0])
+        assert torch.equal(draft_probs.reshape(bs * D, V), want[3])
+        seen.update(accept_num.tolist())
+    assert 0 in seen and len(seen) >= 2
+
+
+def test_top_k_and_top_p_renormalisation():
+    from patches import ops_sampling
+
+    probs = torch.tensor([[0.1, 0.4, 0.2, 0.3], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]])
+    k = ops_sampling.top_k_renorm_prob(probs, torch.tensor([2, 0, 1]))
+    torch.testing.assert_close(k[0], torch.tensor([0.0, 4 / 7, 0.0, 3 / 7]))
+    torch.testing.assert_close(k[1], probs[1])  # k <= 0: unchanged
+    torch.testing.assert_close(k[2], torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    p = ops_sampling.top_p_renorm_prob(probs, torch.tensor([0.5, 1.0, 0.7]))
+    torch.testing.assert_close(p[0], torch.tensor([0.0, 4 / 7, 0.0, 3 / 7]))  # 0.4 < 0.5, +0.3 crosses
+    torch.testing.assert_close(p[1], probs[1])
+    torch.testing.assert_close(p[2], torch.tensor([1.0, 0.0, 0.0, 0.0]))  # 0.7 reaches 0.7 alone

@@ -65,6 +65,7 @@ def _collect(srv: SGLangServer) -> dict:
     """Run the 4 prompts concurrently through both endpoints; keep ids, texts and server facts."""
     params = {"temperature": 0.0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
     batch = srv.post("/generate", {"text": PROMPTS, "sampling_params": params})
+    sampled = srv.post("/generate", {"text": PROMPTS, "sampling_params": {**params, "temperature": 1.0}})
 
     def chat(prompt):
         return srv.chat([{"role": "user", "content": prompt}], max_tokens=MAX_NEW)
@@ -75,6 +76,7 @@ def _collect(srv: SGLangServer) -> dict:
         "ids": [r["output_ids"] for r in batch],
         "texts": [r["text"] for r in batch],
         "meta": [r["meta_info"] for r in batch],
+        "sampled": [r["output_ids"] for r in sampled],
         "chat": [c["choices"][0]["message"]["content"] for c in chats],
         "chat_tokens": [c["usage"]["completion_tokens"] for c in chats],
         "info": srv.server_info(),
@@ -117,6 +119,13 @@ def test_eagle3_server_really_speculates_on_the_fallback_ops(eagle_results):
     for meta in eagle_results["meta"]:
         assert meta["spec_verify_ct"] > 0
         assert meta["spec_accept_length"] >= 1.0
+
+
+def test_eagle3_samples_at_temperature_one_instead_of_taking_the_argmax(eagle_results):
+    """SGLang 0.5.23 verifies greedily on CPU at any temperature; patches/ makes it sample. With a
+    random model (logit std ~3 over 512 tokens) 4 x 32 sampled tokens equal to greedy are impossible."""
+    assert [len(ids) for ids in eagle_results["sampled"]] == [MAX_NEW] * len(PROMPTS)
+    assert eagle_results["sampled"] != eagle_results["ids"]
 
 
 def test_cpu_defaults_come_from_the_patch_layer(plain_results):
