@@ -200,8 +200,9 @@ def test_agreeing_model_end_to_end_numbers(tmp_path):
     assert pngs == {"coverage_alpha.png", "coverage_beta.png", "coverage_overall.png"}
 
 
-def test_second_turn_sees_the_first_answer_and_bad_inputs_are_named(tmp_path, tiny):
+def test_second_turn_sees_the_first_answer_and_bad_inputs_are_named(tmp_path, tiny, monkeypatch, capsys):
     path, _, _ = tiny
+    monkeypatch.chdir(tmp_path)  # away from the default question and corpus files
     q, corpus = write_inputs(tmp_path, ["alpha"])
     out = tmp_path / "out"
     assert cov.main(["--model", str(path), "--questions", str(q), "--turns", "2", "--max-new-tokens", "3",
@@ -218,6 +219,10 @@ def test_second_turn_sees_the_first_answer_and_bad_inputs_are_named(tmp_path, ti
                   "--out", str(out)])
     with pytest.raises(SystemExit):
         cov.main(["--model", str(path), "--questions", str(q), "--ks", "1,two", "--out", str(out)])
+    assert "--ks must be comma-separated integers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cov.main(["--model", str(path), "--out", str(out)])
+    assert "--questions is required" in capsys.readouterr().err
 
 
 def test_load_questions_limits_per_category(tmp_path):
@@ -230,8 +235,9 @@ def test_load_questions_limits_per_category(tmp_path):
         cov.load_questions(bad)
 
 
-def test_sweep_replays_the_same_generations_with_more_candidates(tmp_path, tiny):
+def test_sweep_replays_the_same_generations_with_more_candidates(tmp_path, tiny, monkeypatch):
     path, _, _ = tiny
+    monkeypatch.chdir(tmp_path)
     q, _ = write_inputs(tmp_path, ["alpha", "beta"])
     out = tmp_path / "out"
     assert cov.main(["--model", str(path), "--questions", str(q), "--max-new-tokens", "12",

@@ -32,6 +32,9 @@ import torch
 
 from nanospec import DynamicVocab, NanoSpecConfig
 
+# Used when the flags are not given and the files exist (the layout of this project's dev machines).
+DEFAULT_QUESTIONS = "../shared/data/mt_bench/question.jsonl"
+DEFAULT_CORPUS = "../shared/data/sharegpt/sharegpt_v3_17k.json.gz"
 STATIC_KS = (500, 1000, 2000, 4000, 8000, 16000, 32000)
 NOTE = ("No draft tree: NanoSpec's stream gets the prompt, the prefill top-K_pre, and per generated token "
         "the token and the top-K_ver of its target logits. The first generated token (the target's prefill "
@@ -297,13 +300,15 @@ def plot(result: dict, out: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m nanospec.bench.coverage", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="model name (python -m nanospec.models list) or local path")
-    p.add_argument("--questions", required=True, help="Spec-Bench/MT-bench question.jsonl")
+    p.add_argument("--questions", default=None,
+                   help=f"Spec-Bench/MT-bench question.jsonl (default {DEFAULT_QUESTIONS} if present)")
     p.add_argument("--num-questions", type=int, default=None, help="at most this many questions in all")
     p.add_argument("--per-category", type=int, default=None, help="at most this many questions per category")
     p.add_argument("--turns", type=int, default=1,
                    help="turns per question (later turns see the model's earlier answers)")
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--corpus", default=None, help="ShareGPT .json[.gz] for the static top-K frequencies")
+    p.add_argument("--corpus", default=None, help="ShareGPT .json[.gz] for the static top-K frequencies "
+                   f"(default {DEFAULT_CORPUS} if present; without one the static comparison is skipped)")
     p.add_argument("--corpus-conversations", type=int, default=2000)
     p.add_argument("--ks", default=",".join(map(str, STATIC_KS)), help="static vocabulary sizes")
     p.add_argument("--k-pre", type=int, default=NanoSpecConfig.k_pre)
@@ -330,6 +335,12 @@ def main(argv: list[str] | None = None) -> int:
     config = NanoSpecConfig(k_pre=args.k_pre, k_ver=args.k_ver, w_max=args.w_max)
     for k in sweep:
         NanoSpecConfig(k_pre=k, k_ver=k, w_max=args.w_max)  # validates k
+    if args.questions is None:
+        if not Path(DEFAULT_QUESTIONS).is_file():
+            p.error(f"--questions is required ({DEFAULT_QUESTIONS} does not exist)")
+        args.questions = DEFAULT_QUESTIONS
+    if args.corpus is None and Path(DEFAULT_CORPUS).is_file():
+        args.corpus = DEFAULT_CORPUS
     questions = load_questions(args.questions, args.num_questions, args.per_category)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
