@@ -156,3 +156,23 @@ def test_collate_pads_right_and_token_counts_see_only_assistant_tokens(tok):
     assert batch["attention_mask"][1].sum() == len(b[0]) and (batch["input_ids"][1, len(b[0]) :] == 2).all()
     counts = token_counts([Sample(*a)], len(tok))
     assert counts.sum() == sum(a[1]) and counts[tok.eos_token_id] == 2 and counts[tok.bos_token_id] == 0
+
+
+def test_pretokenized_records_are_used_as_given_and_bad_ones_are_counted(tok, tmp_path):
+    recs = [
+        {"input_ids": [5, 6, 7, 8, 9], "loss_mask": [0, 0, 1, 1, 1]},
+        {"input_ids": [5, 6, 7, 8]},
+        {"input_ids": [5, 6, 99999]},
+        {"input_ids": [5, 6, 7], "loss_mask": [1, 1]},
+    ]
+    path = tmp_path / "tok.json"
+    path.write_text(json.dumps(recs))
+    samples, stats = load_samples(tok, str(path), max_length=4)
+    assert [(s.input_ids, s.loss_mask) for s in samples] == [
+        ([5, 6, 7, 8], [0, 0, 1, 1]),
+        ([5, 6, 7, 8], [1, 1, 1, 1]),
+    ]
+    assert stats.skipped == {
+        "input_ids are not token ids of this tokenizer": 1,
+        "loss_mask is not a 0/1 list as long as input_ids": 1,
+    }
