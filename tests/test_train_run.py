@@ -276,3 +276,39 @@ def test_training_learns_the_target_on_a_patterned_corpus(target, corpus, tmp_pa
     assert res["acc_1"] > 0.5, res  # held-out conversations
     assert res["chain_1"] == res["acc_1"] and res["chain_3"] <= res["chain_2"] <= res["chain_1"]
     assert res["accept_length_estimate"] > 1.5
+
+
+def test_feature_cache_makes_a_second_run_skip_the_target_and_train_identically(
+    target, corpus, tmp_path, monkeypatch
+):
+    import train.target
+
+    common = [
+        "--target-model-path",
+        str(target),
+        "--data-path",
+        str(corpus),
+        "--max-steps",
+        "3",
+        "--ttt-steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--save-every",
+        "0",
+        "--max-length",
+        "64",
+        "--hidden-cache-dir",
+        str(tmp_path / "cache"),
+    ]
+    train_main([*common, "--output-dir", str(tmp_path / "a")])
+    assert 0 < len(list((tmp_path / "cache").glob("*.safetensors"))) <= 6  # 3 steps x 2 (duplicates share)
+
+    def no_target(*args, **kwargs):
+        raise AssertionError("target forward ran although every feature is cached")
+
+    monkeypatch.setattr(train.target, "features", no_target)
+    train_main([*common, "--output-dir", str(tmp_path / "b")])
+    assert [r["loss"] for r in read_metrics(tmp_path / "a")] == [
+        r["loss"] for r in read_metrics(tmp_path / "b")
+    ]
