@@ -29,6 +29,7 @@ from safetensors.torch import save_file  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
+from nanospec.models import resolve as resolve_model  # noqa: E402
 from train import config as config_mod  # noqa: E402
 from train.data import batch_indices, collate, load_samples, token_counts  # noqa: E402
 from train.export import save_draft  # noqa: E402
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> Path:
         dtype = pick_dtype(opts["dtype"])
     except ValueError as e:
         config_mod.parser().error(str(e))
+    # A model-zoo name (e.g. smollm2-135m) becomes its local directory, fetched on first use.
+    opts["target_model_path"] = resolve_model(opts["target_model_path"])
     run = Path(opts["output_dir"])
     precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "no")
     accelerator = Accelerator(mixed_precision=precision)

@@ -109,10 +109,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     from transformers import AutoTokenizer
 
+    from nanospec.models import resolve
     from train.data import load_samples
     from train.export import load_draft
     from train.target import load_target
 
+    a.target_model_path = resolve(a.target_model_path)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(a.target_model_path)
     samples, stats = load_samples(

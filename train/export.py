@@ -128,10 +128,11 @@ def main(argv: list[str] | None = None) -> None:
         if model.lm_head is None:
             if not a.target_model_path:
                 raise SystemExit("tied-head draft: pass --target-model-path for the head rows")
+            from nanospec.models import resolve
             from train.target import load_target
 
             head = (
-                load_target(a.target_model_path, torch.float32, torch.device("cpu"))
+                load_target(resolve(a.target_model_path), torch.float32, torch.device("cpu"))
                 .get_output_embeddings()
                 .weight
             )
