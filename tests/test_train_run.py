@@ -185,6 +185,12 @@ def test_top_n_export_keeps_the_most_frequent_tokens_with_eos_in_sglangs_d2t_for
     assert w["t2d"].sum() == 20 and w["t2d"][ids].all()
     full = load_file(str(script_run / "checkpoints" / "step_3" / "model.safetensors"))
     torch.testing.assert_close(w["lm_head.weight"], full["lm_head.weight"][ids])
+    train_export.main(
+        ["--checkpoint", str(script_run / "final"), "--output", str(tmp_path / "top2"), "--top-n", "20"]
+    )
+    assert torch.equal(
+        load_file(str(tmp_path / "top2" / "model.safetensors"))["d2t"], w["d2t"]
+    )  # same counts
 
 
 def test_tied_head_draft_has_no_head_of_its_own_and_evaluates_with_the_targets(target, corpus, tmp_path):
@@ -312,3 +318,20 @@ def test_feature_cache_makes_a_second_run_skip_the_target_and_train_identically(
     assert [r["loss"] for r in read_metrics(tmp_path / "a")] == [
         r["loss"] for r in read_metrics(tmp_path / "b")
     ]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs" / "train").glob("*.yaml")))
+def test_shipped_training_configs_use_only_known_options(name):
+    opts = train_config.load(
+        [
+            "--config",
+            str(ROOT / "configs" / "train" / name),
+            "--target-model-path",
+            "m",
+            "--data-path",
+            "d",
+            "--output-dir",
+            "o",
+        ]
+    )
+    assert opts["ttt_steps"] >= 1 and opts["max_steps"] >= 1

@@ -109,9 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--output", required=True, help="directory to write")
     p.add_argument("--top-n", type=int, help="static top-N head instead of the full vocabulary")
-    p.add_argument(
-        "--token-counts", help="token_counts.safetensors (default: the run's, next to checkpoints/)"
-    )
+    p.add_argument("--token-counts", help="token_counts.safetensors (default: the run directory's)")
     p.add_argument("--target-model-path", help="target, for a top-N export of a tied-head draft")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     a = p.parse_args(argv)
@@ -119,9 +117,10 @@ def main(argv: list[str] | None = None) -> None:
     model = load_draft(src)[0] if (src / "config.json").exists() else load_checkpoint(src)
     counts = head = None
     if a.top_n is not None:
-        counts_path = (
-            Path(a.token_counts) if a.token_counts else src.parent.parent / "token_counts.safetensors"
-        )
+        # The run directory holds the counts: the parent of final/, the grandparent of checkpoints/step_N/.
+        near = [d / "token_counts.safetensors" for d in (src.parent, src.parent.parent)]
+        found = next((c for c in near if c.exists()), near[0])
+        counts_path = Path(a.token_counts) if a.token_counts else found
         if not counts_path.exists():
             raise SystemExit(f"{counts_path} not found: pass --token-counts")
         counts = load_file(str(counts_path))["counts"]
