@@ -176,3 +176,17 @@ def test_pretokenized_records_are_used_as_given_and_bad_ones_are_counted(tok, tm
         "input_ids are not token ids of this tokenizer": 1,
         "loss_mask is not a 0/1 list as long as input_ids": 1,
     }
+
+
+def test_datasets_sources_are_read_through_the_datasets_library(tmp_path):
+    import datasets
+
+    recs = [
+        {"conversations": [{"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": f"a{i}"}]}
+        for i in range(3)
+    ]
+    datasets.Dataset.from_list(recs).save_to_disk(str(tmp_path / "saved"))
+    datasets.Dataset.from_list(recs).to_parquet(str(tmp_path / "d.parquet"))
+    for source in (tmp_path / "saved", tmp_path / "d.parquet"):
+        records, stats = read_records(str(source))
+        assert [normalize(r)[0] for r in records] == [normalize(r)[0] for r in recs] and stats.records == 3

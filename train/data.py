@@ -135,11 +135,13 @@ def read_records(source: str, split: str = "train") -> tuple[list, Stats]:
     else:
         import datasets
 
-        if path.exists():
-            if path.is_dir() and (path / "dataset_info.json").exists():
-                ds = datasets.load_from_disk(str(path))
-            else:
-                ds = datasets.load_dataset(str(path), split=split)
+        builders = {".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+        if path.is_dir() and (path / "dataset_info.json").exists():  # Dataset.save_to_disk output
+            ds = datasets.load_from_disk(str(path))
+        elif path.is_file() and path.suffix in builders:
+            ds = datasets.load_dataset(builders[path.suffix], data_files=str(path), split="train")
+        elif path.exists():  # a directory of data files
+            ds = datasets.load_dataset(str(path), split=split)
         else:
             ds = datasets.load_dataset(source, split=split)
         if isinstance(ds, datasets.DatasetDict):
