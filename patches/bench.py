@@ -55,14 +55,21 @@ def profile(target: Path, draft: Path, work: Path, args) -> dict:
         env["OMP_NUM_THREADS"] = str(args.threads)
     params = {"temperature": 0.0, "max_new_tokens": args.tokens, "ignore_eos": True}
     prompts = [[11 + 7 * i, 23 + i, 5 + 3 * i] for i in range(args.batch)]
+
+    def run(max_new: int) -> list:
+        sp = {**params, "max_new_tokens": max_new}
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            return list(pool.map(lambda p: srv.post("/generate", {"input_ids": p, "sampling_params": sp}),
+                                 prompts))  # fmt: skip
+
     with sglang_server.SGLangServer(target, args=server_args, env=env, log_path=work / "server.log") as srv:
-        srv.post("/generate", {"input_ids": prompts[0], "sampling_params": {**params, "max_new_tokens": 8}})
+        # Warm-up at the measured batch size: SGLang torch.compiles its draft top-k selection
+        # (srt/speculative/spec_utils.py) and recompiles when the batch size changes from 1.
+        run(16)
         time.sleep(1.0)
         before = _read(prof_dir)
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(len(prompts)) as pool:
-            res = list(pool.map(lambda p: srv.post("/generate", {"input_ids": p, "sampling_params": params}),
-                                prompts))  # fmt: skip
+        res = run(args.tokens)
         wall = time.perf_counter() - t0
         time.sleep(1.5)  # let the profiler flush
         after = _read(prof_dir)
