@@ -51,7 +51,7 @@ def install_draft_head(proc, runtime: Runtime) -> None:
     def get_logits(hidden_states, lm_head, logits_metadata, embedding_bias=None, use_logits_buffer=True):
         fb = current.get("fb")
         if fb is None or not hasattr(fb, "req_pool_indices"):
-            raise RuntimeError("NANOSPEC draft head called without a ForwardBatch; cannot tell requests apart")
+            raise RuntimeError("NANOSPEC draft head called without a ForwardBatch: requests unknown")
         logits = runtime.head.logits(hidden_states, fb.req_pool_indices)
         if fb.forward_mode.is_decode():
             return logits

@@ -48,6 +48,8 @@ class Runtime:
         # rid -> (first position with target logits, top-k rows since then): chunked prefill.
         self.partial: dict[str, tuple[int, torch.Tensor]] = {}
         self.slot_rid: dict[int, str] = {}
+        self.starts = 0
+        self.slots_used: set[int] = set()
         self.step = 0
         self._union_probe: torch.Tensor | None = None
         self._union_batch = 0
@@ -79,7 +81,10 @@ class Runtime:
             slot = int(req.kv.req_pool_idx)
             self.dv.start(slot, prompt, ptk)
             self.stats.reset(slot)
+            if self.slot_rid.get(slot) != req.rid:
+                self.starts += 1
             self.slot_rid[slot] = req.rid
+            self.slots_used.add(slot)
 
     def finish_prefill(self, batch) -> None:
         """Drop the kept top-k rows of requests whose prompt is complete (not a chunked one)."""
@@ -136,3 +141,10 @@ class Runtime:
         self.partial.pop(rid, None)
         self.dv.release(slot)
         return self.stats.finish(slot)
+
+    def describe(self) -> str:
+        """Running averages and state size, for the decode log line."""
+        s = self.stats.running()
+        return (f"nanospec active vocab: {s['mean_active_vocab']:.1f}, hit rate: {s['hit_rate']:.3f}, "
+                f"live: {len(self.slot_rid)}, started: {self.starts}, slots used: {len(self.slots_used)}, "
+                f"pending prompts: {len(self.partial)}, state bytes: {self.dv.nbytes()['total']}")

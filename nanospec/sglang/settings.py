@@ -96,7 +96,7 @@ def check_against_model(settings: Settings, *, vocab_size: int, eagle_topk: int)
     v = settings.vocab
     for key in ("k_pre", "k_ver"):
         if getattr(v, key) > vocab_size:
-            raise ValueError(f"NANOSPEC {key}={getattr(v, key)} exceeds the target vocabulary size {vocab_size}")
+            raise ValueError(f"NANOSPEC {key}={getattr(v, key)} exceeds the vocabulary size {vocab_size}")
     if v.w_max < eagle_topk:
         raise ValueError(
             f"NANOSPEC w_max={v.w_max} is smaller than --speculative-eagle-topk={eagle_topk}: the draft "

@@ -25,7 +25,8 @@ def fill_missing_rows(topk: torch.Tensor, first: int) -> torch.Tensor:
     return torch.cat([filler, topk], dim=0)
 
 
-def start_args(ids: torch.Tensor, topk: torch.Tensor, sources: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+def start_args(ids: torch.Tensor, topk: torch.Tensor,
+               sources: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(prompt_ids [L], prefill_topk [L, K] or None) for ``DynamicVocab.start``.
 
     ids: [L] prompt tokens; topk: [L, K] target top-k per position.

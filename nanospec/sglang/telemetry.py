@@ -38,7 +38,7 @@ class SlotStats:
 
     def finish(self, req: int) -> dict[str, float]:
         """Summary of slot ``req`` (host values), folded into the totals; the slot is then zeroed."""
-        row = self.host[req].clone() if self.host is self.dev else self.host[req].clone()
+        row = self.host[req].clone()
         self.done += row.cpu()
         self.finished += 1
         self.dev[req].zero_()
@@ -58,11 +58,12 @@ def summary(row: torch.Tensor) -> dict[str, float]:
 
 
 class LogSuffix(logging.Filter):
-    """Appends NanoSpec's running averages to SGLang's "Decode batch ... accept len" log line."""
+    """Appends ``describe()`` (NanoSpec's running averages) to SGLang's "Decode batch ... accept len"
+    log line."""
 
-    def __init__(self, stats: SlotStats):
+    def __init__(self, describe):
         super().__init__()
-        self.stats = stats
+        self.describe = describe
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
@@ -70,8 +71,6 @@ class LogSuffix(logging.Filter):
         except Exception:  # a malformed record is SGLang's to report, not ours
             return True
         if msg.startswith("Decode batch") and "accept len" in msg:
-            s = self.stats.running()
-            record.msg = (f"{msg}, nanospec active vocab: {s['mean_active_vocab']:.1f}, "
-                          f"hit rate: {s['hit_rate']:.3f}")
+            record.msg = f"{msg}, {self.describe()}"
             record.args = ()
         return True

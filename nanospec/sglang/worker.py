@@ -56,7 +56,7 @@ class NanoSpecDraftWorker(EagleDraftWorker):
         hooks.install_draft_head(self.draft_runner.model.logits_processor, self.nano)
         hooks.install_prefill_topk(self.target_worker.model_runner.model.logits_processor, self.nano)
         hooks.install_release(self.req_to_token_pool, self.nano)
-        hooks.install_log_suffix(LogSuffix(self.nano.stats))
+        hooks.install_log_suffix(LogSuffix(self.nano.describe))
         # SGLang maps every draft step's top-k through hot_token_id; NanoSpec's map goes there.
         self.hot_token_id = hooks.IdMap(self.nano)
         mem = self.nano.dv.nbytes()

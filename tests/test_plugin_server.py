@@ -1,0 +1,172 @@
+"""NANOSPEC served by a real SGLang server on the CPU: lossless output, robustness, real clients.
+
+One module-scoped set of servers (plain decoding, NANOSPEC default, NANOSPEC with W_max=16) on a tiny
+random Llama target and a tiny full-vocabulary EAGLE-3 draft, both float32.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+from tests.plugin_support import PROMPTS, generate_all, last_state, output_ids, server, spec_args
+from tests.support.tiny_models import make_tiny_eagle3_draft, make_tiny_llama
+
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plugin_models")
+    target = make_tiny_llama(root / "target", vocab_size=512)
+    draft = make_tiny_eagle3_draft(root / "draft", target)
+    return target, draft, tmp_path_factory.mktemp("plugin_logs")
+
+
+@pytest.fixture(scope="module")
+def plain(models):
+    target, _, logs = models
+    with server(target, [], logs, "plain") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def nano(models):
+    target, draft, logs = models
+    with server(target, spec_args("NANOSPEC", draft), logs, "nanospec") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def nano16(models):
+    target, draft, logs = models
+    with server(target, spec_args("NANOSPEC", draft), logs, "nanospec_w16", env={"NANOSPEC_W_MAX": "16"}) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def reference(plain):
+    return [output_ids(r) for r in generate_all(plain, PROMPTS, concurrent=False)]
+
+
+@pytest.mark.parametrize("concurrent", [False, True], ids=["one_at_a_time", "concurrent"])
+def test_greedy_output_equals_plain_decoding(nano, reference, concurrent):
+    got = [output_ids(r) for r in generate_all(nano, PROMPTS, concurrent=concurrent)]
+    assert got == reference
+
+
+@pytest.mark.parametrize("concurrent", [False, True], ids=["one_at_a_time", "concurrent"])
+def test_greedy_output_equals_plain_decoding_with_w_max_16(nano16, reference, concurrent):
+    # Every prompt here is longer than 16 tokens with its top-k: the window evicts at every step.
+    got = [output_ids(r) for r in generate_all(nano16, PROMPTS, concurrent=concurrent)]
+    assert got == reference
+    assert "w_max=16" in nano16.log_text()
+
+
+def test_response_meta_info_reports_active_vocabulary_and_hit_rate(nano16):
+    meta = nano16.generate(PROMPTS[2], max_new_tokens=16)["meta_info"]
+    assert 0 < meta["nanospec_mean_active_vocab"] <= 16
+    assert 0.0 <= meta["nanospec_hit_rate"] <= 1.0
+    assert meta["nanospec_draft_steps"] == meta["spec_verify_ct"]
+
+
+def test_decode_log_line_carries_running_averages(nano):
+    nano.generate(PROMPTS[0], max_new_tokens=8)
+    lines = [ln for ln in nano.log_text().splitlines() if "accept len" in ln]
+    assert lines and "nanospec active vocab" in lines[-1] and "hit rate" in lines[-1]
+
+
+def test_sampling_at_temperature_one_returns_valid_tokens(nano):
+    outs = generate_all(nano, PROMPTS[:4], concurrent=True, temperature=1.0, top_p=0.9, max_new_tokens=16)
+    for r in outs:
+        ids = output_ids(r)
+        assert len(ids) == 16 and all(0 <= t < 512 for t in ids)
+
+
+def test_one_token_prompt_and_one_token_answer(nano, plain):
+    assert output_ids(nano.generate([5], max_new_tokens=8)) == output_ids(plain.generate([5], max_new_tokens=8))
+    one = nano.generate(PROMPTS[1], max_new_tokens=1)
+    assert len(output_ids(one)) == 1
+    assert output_ids(one) == output_ids(plain.generate(PROMPTS[1], max_new_tokens=1))
+
+
+def test_prompt_longer_than_w_max_and_than_a_prefill_chunk(nano16, plain):
+    long_prompt = " ".join(PROMPTS) * 3  # a few hundred tokens, far above W_max = 16
+    assert output_ids(nano16.generate(long_prompt, max_new_tokens=12)) == output_ids(
+        plain.generate(long_prompt, max_new_tokens=12))
+
+
+def _stream_then_disconnect(srv, prompt: str, chunks: int) -> int:
+    payload = {"text": prompt, "stream": True,
+               "sampling_params": {"temperature": 0.0, "max_new_tokens": 400, "ignore_eos": True}}
+    req = urllib.request.Request(srv.base_url + "/generate", data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})
+    seen = 0
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        for line in resp:
+            if line.startswith(b"data:"):
+                seen += 1
+                if seen >= chunks:
+                    break  # closing the connection mid-stream aborts the request
+    return seen
+
+
+def test_client_disconnects_and_aborts_leave_the_server_healthy(nano, plain, reference):
+    for i in range(3):
+        assert _stream_then_disconnect(nano, PROMPTS[i], chunks=3) == 3
+    rid = "nanospec-abort-test"
+    import threading
+
+    t = threading.Thread(target=lambda: nano.post("/generate", {
+        "text": PROMPTS[4], "rid": rid, "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}))
+    t.start()
+    nano.post("/abort_request", {"rid": rid})
+    t.join(timeout=120)
+    assert [output_ids(r) for r in generate_all(nano, PROMPTS, concurrent=True)] == reference
+
+
+def test_many_requests_reuse_slots_without_growing_state(nano):
+    first = None
+    for i in range(200):
+        r = nano.generate(PROMPTS[i % len(PROMPTS)] + f" {i}", max_new_tokens=3)
+        assert len(output_ids(r)) == 3
+        if i == 9:
+            first = last_state(nano.log_text())
+    generate_all(nano, [f"{p} again {j}" for j in range(7) for p in PROMPTS][:50], concurrent=True,
+                 max_new_tokens=4)
+    nano.generate(PROMPTS[0], max_new_tokens=6)  # one more decode log line after the burst
+    state = last_state(nano.log_text())
+    assert first is not None and state is not None
+    assert state["bytes"] == first["bytes"]  # fixed-size state: no growth with traffic
+    assert state["started"] >= 250
+    assert state["slots_used"] <= 9  # the req_to_token pool has 8 rows (+1 padding): slots reused
+    assert state["live"] <= 1 and state["pending"] <= 1
+
+
+def test_openai_client_chat_completion(nano, plain):
+    openai = pytest.importorskip("openai")
+    msgs = [{"role": "user", "content": "Explain how a hash table works."}]
+
+    def ask(srv):
+        client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="none")
+        out = client.chat.completions.create(model="default", messages=msgs, max_tokens=16, temperature=0)
+        return out.choices[0].message.content
+
+    answer = ask(nano)
+    assert isinstance(answer, str) and answer == ask(plain)
+
+
+def test_sglang_frontend_program_with_gen(nano, plain):
+    import sglang as sgl
+
+    @sgl.function
+    def program(s, topic):
+        s += "A sentence about " + topic + ":"
+        s += sgl.gen("answer", max_tokens=12, temperature=0)
+
+    results = []
+    for srv in (nano, plain):
+        state = program.run(topic="robots", backend=sgl.RuntimeEndpoint(srv.base_url))
+        results.append(state["answer"])
+    assert isinstance(results[0], str) and results[0] == results[1]
