@@ -14,7 +14,8 @@ import torch
 from tests.plugin_support import server, spec_args
 from tests.support.tiny_models import make_tiny_eagle3_draft, make_tiny_llama
 
-TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", "4"]
 W_MAX = "256"  # below the 512-token vocabulary, so the per-batch policy picks the packed head
 NEW = 16
 
@@ -68,9 +69,9 @@ def accept_lengths(agree):
     prompts = [list(range(100, 140)) + [99], list(range(400, 380, -1)) + [379],
                _extension_only_prompt(top3, 300)]
     runs = {}
-    for name, algo, env in [("eagle3", "EAGLE3", {}),
-                            ("full", "NANOSPEC", {"NANOSPEC_W_MAX": W_MAX}),
-                            ("context", "NANOSPEC", {"NANOSPEC_W_MAX": W_MAX, "NANOSPEC_SOURCES": "context"})]:
+    context = {"NANOSPEC_W_MAX": W_MAX, "NANOSPEC_SOURCES": "context"}
+    for name, algo, env in [("eagle3", "EAGLE3", {}), ("full", "NANOSPEC", {"NANOSPEC_W_MAX": W_MAX}),
+                            ("context", "NANOSPEC", context)]:
         with server(target, spec_args(algo, draft) + TREE, logs, f"agree_{name}", env=env) as srv:
             runs[name] = _run(srv, prompts)
             if algo == "NANOSPEC":

@@ -15,7 +15,6 @@ from tests.plugin_support import PROMPTS, generate_all, last_state, output_ids, 
 from tests.support.tiny_models import make_tiny_eagle3_draft, make_tiny_llama
 
 
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("plugin_models")
@@ -41,7 +40,8 @@ def nano(models):
 @pytest.fixture(scope="module")
 def nano16(models):
     target, draft, logs = models
-    with server(target, spec_args("NANOSPEC", draft), logs, "nanospec_w16", env={"NANOSPEC_W_MAX": "16"}) as srv:
+    env = {"NANOSPEC_W_MAX": "16"}
+    with server(target, spec_args("NANOSPEC", draft), logs, "nanospec_w16", env=env) as srv:
         yield srv
 
 
@@ -85,7 +85,8 @@ def test_sampling_at_temperature_one_returns_valid_tokens(nano):
 
 
 def test_one_token_prompt_and_one_token_answer(nano, plain):
-    assert output_ids(nano.generate([5], max_new_tokens=8)) == output_ids(plain.generate([5], max_new_tokens=8))
+    one_token = output_ids(nano.generate([5], max_new_tokens=8))
+    assert one_token == output_ids(plain.generate([5], max_new_tokens=8))
     one = nano.generate(PROMPTS[1], max_new_tokens=1)
     assert len(output_ids(one)) == 1
     assert output_ids(one) == output_ids(plain.generate(PROMPTS[1], max_new_tokens=1))
