@@ -2,9 +2,8 @@
 
 Loaded under the name ``sgl_kernel`` by ``patches._bootstrap`` only after the real package failed.
 It provides the ops SGLang 0.5.23 calls on its CPU path for plain and EAGLE/EAGLE3 decoding, both as
-``sgl_kernel.<name>`` and ``torch.ops.sgl_kernel.<name>``. Any other name resolves to a function that
-raises ``NotImplementedError`` naming the op when called, so that SGLang modules importing CUDA-only
-names at import time still load.
+``sgl_kernel.<name>`` and ``torch.ops.sgl_kernel.<name>``. Other names are missing (``from sgl_kernel
+import X`` raises ImportError), which SGLang's guarded imports of optional kernels expect.
 """
 
 from patches.registry import OPS as _OPS
@@ -17,14 +16,9 @@ _register()
 
 
 def __getattr__(name: str):
-    if name.startswith("__"):
-        raise AttributeError(name)
-
-    def missing(*args, **kwargs):
-        raise NotImplementedError(
-            f"sgl_kernel.{name} has no pure-PyTorch fallback (NanoSpec patches/); "
-            "this SGLang feature needs the real sgl_kernel build"
-        )
-
-    missing.__name__ = name
-    return missing
+    # No catch-all stubs: SGLang guards optional kernels with ``try: from sgl_kernel import X`` and
+    # must see them missing (ImportError) to take its PyTorch path.
+    raise AttributeError(
+        f"sgl_kernel.{name} has no pure-PyTorch fallback in NanoSpec's patches/ (the real sgl_kernel "
+        "could not be loaded on this host)"
+    )
