@@ -7,6 +7,8 @@ creates the worker.
 
 from __future__ import annotations
 
+import os
+
 _registered = False
 
 
@@ -31,4 +33,9 @@ def register() -> None:
                                   spec_class=NanoSpecAlgo)(_worker_factory)
     HookRegistry.register("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info",
                           collapse_meta, HookType.AFTER)
+    if os.environ.get("NANOSPEC_TIME_DRAFT") == "1":
+        from nanospec.sglang.telemetry import DraftTimer
+
+        HookRegistry.register("sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft", DraftTimer(),
+                              HookType.AROUND)
     _registered = True

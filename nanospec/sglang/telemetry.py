@@ -74,3 +74,32 @@ class LogSuffix(logging.Filter):
             record.msg = f"{msg}, {self.describe()}"
             record.args = ()
         return True
+
+
+class DraftTimer:
+    """Wall time of SGLang's draft phase (``EagleDraftWorker.draft``), for the serving benchmark.
+
+    Installed only when ``NANOSPEC_TIME_DRAFT=1`` (it synchronises CUDA around each call, which the
+    serving loop must not do otherwise); logs a running mean every ``every`` calls.
+    """
+
+    def __init__(self, every: int = 10):
+        self.every, self.calls, self.total = every, 0, 0.0
+        self.log = logging.getLogger("nanospec.timing")
+
+    def __call__(self, original, worker, *args, **kwargs):
+        import time
+
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        if cuda:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = original(worker, *args, **kwargs)
+        if cuda:
+            torch.cuda.synchronize()
+        self.total += time.perf_counter() - t
+        self.calls += 1
+        if self.calls % self.every == 0:
+            self.log.warning("NANOSPEC timing: draft step %.3f ms mean over %d calls",
+                             1e3 * self.total / self.calls, self.calls)
+        return out
