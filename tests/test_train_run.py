@@ -129,6 +129,8 @@ def test_resumed_run_ends_with_the_same_step_count_and_parameters_as_an_uninterr
     train_main([*common, "--output-dir", str(tmp_path / "b"), "--stop-at-step", "4"])
     assert not (tmp_path / "b" / "final").exists()
     assert [p.name for p in (tmp_path / "b" / "checkpoints").iterdir()] == ["step_4"]
+    with pytest.raises(SystemExit, match="--resume"):  # never silently restart over a run's checkpoints
+        train_main([*common, "--output-dir", str(tmp_path / "b")])
     train_main([*common, "--output-dir", str(tmp_path / "b"), "--resume"])
     a = load_file(str(tmp_path / "a" / "checkpoints" / "step_6" / "model.safetensors"))
     b = load_file(str(tmp_path / "b" / "checkpoints" / "step_6" / "model.safetensors"))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -307,6 +306,3 @@ def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
         ids[i, :n], att[i, :n], mask[i, :n] = torch.tensor(s.input_ids), 1, torch.tensor(s.loss_mask)
     return {"input_ids": ids, "attention_mask": att, "loss_mask": mask}
 
-
-def epochs_for(steps: int, n: int, batch: int) -> float:
-    return steps / max(1, n // batch) if n else math.inf

@@ -25,7 +25,7 @@ if __package__ in (None, ""):  # run as a script: make `train` importable from t
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
@@ -72,6 +72,14 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return f
+
+
+def open_metrics(path: Path, step: int):
+    """The JSONL metrics file for appending, without rows past `step` (logged after the last checkpoint)."""
+    rows = path.read_text().splitlines() if path.exists() else []
+    kept = [r for r in rows if r.strip() and json.loads(r)["step"] <= step]
+    path.write_text("".join(r + "\n" for r in kept))
+    return open(path, "a")  # noqa: SIM115
 
 
 def checkpoints(run: Path) -> list[Path]:
@@ -142,6 +150,8 @@ def main(argv: list[str] | None = None) -> Path:
         latest = checkpoints(run)[-1]
         accelerator.load_state(str(latest))
         accelerator.print(f"resumed from {latest} at step {progress.step}")
+    elif checkpoints(run):
+        raise SystemExit(f"{run} already holds checkpoints: pass --resume to continue, or a new --output-dir")
 
     cache = FeatureCache(opts["hidden_cache_dir"], aux_ids) if opts["hidden_cache_dir"] else None
     bs, world, rank = opts["batch_size"], accelerator.num_processes, accelerator.process_index
@@ -152,7 +162,7 @@ def main(argv: list[str] | None = None) -> Path:
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(str(run / "tensorboard"))
-    metrics_file = open(run / "metrics.jsonl", "a") if main_proc else None  # noqa: SIM115
+    metrics_file = open_metrics(run / "metrics.jsonl", progress.step) if main_proc else None
     bar = tqdm(total=opts["max_steps"], initial=progress.step, disable=not main_proc, desc="train")
     t0 = time.time()
     stopped_early = interrupted = False
@@ -237,8 +247,6 @@ def main(argv: list[str] | None = None) -> Path:
     if not (stopped_early and interrupted) and main_proc:
         draft = accelerator.unwrap_model(model)
         save_draft(draft, final)
-        from safetensors.torch import load_file
-
         counts = load_file(str(run / "token_counts.safetensors"))["counts"]
         for n in opts["export_top_n"] or []:
             save_draft(draft, run / f"final_top{n}", top_n=n, counts=counts, head_weight=head_w)
