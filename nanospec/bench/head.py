@@ -118,7 +118,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warm-steps", type=int, default=120)
     p.add_argument("--topk", type=int, default=4, help="draft top-k taken from either head")
     p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: PyTorch's); 1 is steadier on a machine shared with other jobs")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     args.dtype = args.dtype or ("float16" if device.type == "cuda" else "float32")
     print(f"device={device} dtype={args.dtype} w_max={args.w_max} candidates/step={args.candidates} "
