@@ -2,8 +2,9 @@
 
 Enabled in a process when ``NANOSPEC_PROFILE_OPS`` names a directory: every fallback op, every
 ``ModelRunner.forward`` (target and draft) and every ``EAGLEWorkerV2.forward_batch_generation`` (one
-speculative cycle) add their wall time to per-name totals, written to ``<dir>/<pid>.json`` at most
-twice a second and at exit. Off (the default), nothing is wrapped and nothing costs anything.
+speculative cycle) add their wall time to per-name totals, written to ``<dir>/<pid>.json`` by a
+background thread twice a second (SGLang's processes are killed, not exited) and at exit. Off (the
+default), nothing is wrapped and nothing costs anything.
 """
 
 from __future__ import annotations
@@ -20,6 +21,15 @@ _STATS: dict[str, list[float]] = {}
 _LOCK = threading.Lock()
 _LAST = [0.0]
 _DEPTH = threading.local()
+_DIRTY = threading.Event()
+_FLUSHER: list[threading.Thread] = []
+
+
+def _flush_loop() -> None:
+    while True:
+        time.sleep(0.5)
+        if _DIRTY.is_set():
+            _flush(True)
 
 
 def enabled() -> bool:
@@ -31,6 +41,7 @@ def _flush(force: bool = False) -> None:
     if not force and now - _LAST[0] < 0.5:
         return
     _LAST[0] = now
+    _DIRTY.clear()
     os.makedirs(_DIR, exist_ok=True)
     path = os.path.join(_DIR, f"{os.getpid()}.json")
     with _LOCK:
@@ -60,7 +71,10 @@ def timed(name: str, fn):
                     s = _STATS.setdefault(name, [0.0, 0])
                     s[0] += dt
                     s[1] += 1
-                _flush()
+                    if not _FLUSHER:
+                        _FLUSHER.append(threading.Thread(target=_flush_loop, daemon=True))
+                        _FLUSHER[0].start()
+                _DIRTY.set()
 
     return wrapper
 
