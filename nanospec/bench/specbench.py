@@ -1,0 +1,368 @@
+"""Spec-Bench-style serving benchmark: AR, EAGLE3, EAGLE3 with a static top-N head, NANOSPEC (+ ablations).
+
+For each method in turn it starts a real SGLang server (start, warm up, measure, stop), answers every
+question of a Spec-Bench-format jsonl file (``{"question_id", "category", "turns": [...]}``) one request
+at a time, greedy, multi-turn as Spec-Bench does (turn 2's prompt holds turn 1's question and this
+method's own answer, rendered with the target's chat template), and reports per method and category:
+output tokens/s end to end (client wall time), speed-up over AR, mean accepted tokens per verify step
+(``completion_tokens / spec_verify_ct`` from SGLang's ``meta_info``), mean active draft vocabulary
+(``nanospec_mean_active_vocab``), and whether every output equals AR's token for token.
+
+    python -m nanospec.bench.specbench --target smollm2-135m --draft runs/smol/final \\
+        --questions ../shared/data/mt_bench/question.jsonl --per-category 1 --max-new-tokens 128 \\
+        --out docs/results/specbench
+
+Writes ``specbench.json`` (summary and every request), ``specbench.md`` and ``specbench.png`` to --out,
+and the server logs and static draft to ``--work-dir`` (default OUT/work). The static head comes from
+``python -m train.export --top-n N`` (FR-Spec-style: the N most frequent training tokens) unless
+``--static-draft`` names one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nanospec.bench.server import Server
+
+DEFAULT_QUESTIONS = "../shared/data/mt_bench/question.jsonl"
+ALL_METHODS = ("ar", "eagle3", "eagle3-static", "nanospec", "nanospec-context", "nanospec-extension",
+               "nanospec-indexed")
+DEFAULT_METHODS = "ar,eagle3,eagle3-static,nanospec"
+# Plugin settings of the ablation methods (seed paper, Table 5); "nanospec" is both sources, async gather.
+ABLATION_ENV = {"nanospec": {}, "nanospec-context": {"NANOSPEC_SOURCES": "context"},
+                "nanospec-extension": {"NANOSPEC_SOURCES": "extension"},
+                "nanospec-indexed": {"NANOSPEC_GATHER": "indexed"}}
+
+
+@dataclass
+class Method:
+    name: str
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+# -- questions and prompts ----------------------------------------------------------------------------
+
+def find_questions(path: str | None) -> Path:
+    """The question file: ``path`` if given, else the shared MT-bench file when it exists."""
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise SystemExit(f"question file not found: {p}")
+        return p
+    p = Path(DEFAULT_QUESTIONS)
+    if not p.is_file():
+        raise SystemExit(f"no question file: {DEFAULT_QUESTIONS} does not exist here; "
+                         "pass --questions FILE (Spec-Bench jsonl: one {\"category\", \"turns\"} per line)")
+    return p
+
+
+def load_questions(path: str | Path, num_questions: int | None = None, per_category: int | None = None,
+                   categories: list[str] | None = None) -> list[dict]:
+    """Questions in file order, at most ``per_category`` of each category, at most ``num_questions``."""
+    out, seen = [], {}
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                q = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"{path}:{n}: not JSON ({e})") from e
+            turns = q.get("turns") if isinstance(q, dict) else None
+            if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+                raise SystemExit(f"{path}:{n}: expected an object with a non-empty string list 'turns'")
+            cat = str(q.get("category", "default"))
+            if categories and cat not in categories:
+                continue
+            if per_category is not None and seen.get(cat, 0) >= per_category:
+                continue
+            seen[cat] = seen.get(cat, 0) + 1
+            out.append({"question_id": q.get("question_id", n), "category": cat, "turns": turns})
+            if num_questions is not None and len(out) >= num_questions:
+                break
+    if not out:
+        raise SystemExit(f"{path}: no questions selected")
+    return out
+
+
+def render(tokenizer, turns: list[str], answers: list[str]) -> list[int]:
+    """Prompt ids for the next turn: every earlier question with its answer, then ``turns[len(answers)]``."""
+    messages = []
+    for i, q in enumerate(turns[: len(answers) + 1]):
+        messages.append({"role": "user", "content": q})
+        if i < len(answers):
+            messages.append({"role": "assistant", "content": answers[i]})
+    if tokenizer.chat_template:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    text = "".join(f"{'User' if m['role'] == 'user' else 'Assistant'}: {m['content']}\n" for m in messages)
+    return tokenizer(text + "Assistant:")["input_ids"]
+
+
+# -- running one method ---------------------------------------------------------------------------------
+
+def answer_all(generate, tokenizer, questions: list[dict], max_new_tokens: int, max_turns: int) -> list[dict]:
+    """Answers every question turn by turn with ``generate(input_ids) -> SGLang /generate response``."""
+    records = []
+    for q in questions:
+        answers: list[str] = []
+        for turn in range(min(len(q["turns"]), max_turns)):
+            ids = render(tokenizer, q["turns"], answers)
+            t0 = time.perf_counter()
+            r = generate(ids)
+            wall = time.perf_counter() - t0
+            m = r["meta_info"]
+            answers.append(r["text"])
+            records.append({"question_id": q["question_id"], "category": q["category"], "turn": turn + 1,
+                            "prompt_tokens": len(ids), "output_ids": list(r.get("output_ids") or []),
+                            "completion_tokens": m["completion_tokens"], "wall_s": wall,
+                            "verify_ct": m.get("spec_verify_ct"),
+                            "active_vocab": m.get("nanospec_mean_active_vocab"), "text": r["text"]})
+    return records
+
+
+def run_method(method: Method, target: str, base_args: list[str], env: dict[str, str], tokenizer,
+               questions: list[dict], max_new_tokens: int, max_turns: int, log_dir: Path,
+               ignore_eos: bool = False) -> dict:
+    log = log_dir / f"{method.name}.log"
+    t0 = time.perf_counter()
+    with Server(target, base_args + method.args, {**env, **method.env}, log) as srv:
+        started = time.perf_counter() - t0
+        # Warm-up outside the measurement: first-call allocations and lazy init.
+        srv.generate(render(tokenizer, questions[0]["turns"], []), 8)
+        records = answer_all(lambda ids: srv.generate(ids, max_new_tokens, ignore_eos), tokenizer,
+                             questions, max_new_tokens, max_turns)
+    return {"method": method.name, "startup_s": started, "records": records}
+
+
+# -- metrics ------------------------------------------------------------------------------------------
+
+def summarize(runs: list[dict], ref: str = "ar") -> dict:
+    """Per method and category (plus "overall"): tokens, wall time, tok/s, speed-up over ``ref``, mean
+    accepted tokens per verify step, mean active vocabulary, and output equality with ``ref``."""
+    by_name = {r["method"]: r for r in runs}
+    ref_out = ({(x["question_id"], x["turn"]): x["output_ids"] for x in by_name[ref]["records"]}
+               if ref in by_name else None)
+    out: dict[str, dict] = {}
+    for run in runs:
+        groups: dict[str, list[dict]] = {}
+        for x in run["records"]:
+            groups.setdefault(x["category"], []).append(x)
+            groups.setdefault("overall", []).append(x)
+        out[run["method"]] = {cat: _stats(xs, ref_out) for cat, xs in groups.items()}
+    if ref in out:
+        for cats in out.values():
+            for cat, s in cats.items():
+                base = out[ref].get(cat, {}).get("tok_s")
+                s["speedup"] = s["tok_s"] / base if base else None
+    return out
+
+
+def _stats(xs: list[dict], ref_out: dict | None) -> dict:
+    tokens = sum(x["completion_tokens"] for x in xs)
+    wall = sum(x["wall_s"] for x in xs)
+    verify = [x for x in xs if x["verify_ct"]]
+    vocab = [x["active_vocab"] for x in xs if x["active_vocab"] is not None]
+    accept = (sum(x["completion_tokens"] for x in verify) / sum(x["verify_ct"] for x in verify)
+              if verify else None)
+    equal = None
+    if ref_out is not None:
+        mismatches = sum(1 for x in xs if ref_out.get((x["question_id"], x["turn"])) != x["output_ids"])
+        equal = mismatches == 0
+    return {"requests": len(xs), "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall if wall else 0.0,
+            "accept": accept, "active_vocab": sum(vocab) / len(vocab) if vocab else None,
+            "equal_ar": equal, "mismatches": mismatches if ref_out is not None else None}
+
+
+def _fmt(v, spec: str, none: str = "-") -> str:
+    return none if v is None else format(v, spec)
+
+
+def markdown(summary: dict) -> str:
+    cats = list(next(iter(summary.values())).keys())
+    cats = [c for c in cats if c != "overall"] + ["overall"]
+    lines = ["| category | method | requests | tokens | tok/s | speed-up vs AR | accepted / step | "
+             "mean active vocab | = AR |", "|---|---|---|---|---|---|---|---|---|"]
+    for cat in cats:
+        for method, per in summary.items():
+            s = per.get(cat)
+            if s is None:
+                continue
+            eq = "-" if s["equal_ar"] is None else ("yes" if s["equal_ar"] else f"no ({s['mismatches']})")
+            name = f"**{cat}**" if cat == "overall" else cat
+            lines.append(f"| {name} | {method} | {s['requests']} | {s['tokens']} | {s['tok_s']:.2f} | "
+                         f"{_fmt(s.get('speedup'), '.2f')}x | {_fmt(s['accept'], '.2f')} | "
+                         f"{_fmt(s['active_vocab'], '.0f')} | {eq} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict, path: Path, title: str = "") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(summary)
+    cats = [c for c in next(iter(summary.values())) if c != "overall"] + ["overall"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    width = 0.8 / len(methods)
+    panels = ((axes[0], "tok_s", "output tokens/s"), (axes[1], "accept", "accepted tokens / step"))
+    for ax, key, label in panels:
+        for i, m in enumerate(methods):
+            vals = [(summary[m].get(c, {}).get(key) or 0.0) for c in cats]
+            ax.bar([j + i * width for j in range(len(cats))], vals, width, label=m)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))])
+        ax.set_xticklabels(cats, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def write_results(summary: dict, runs: list[dict], meta: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "specbench.json", out / "specbench.md", out / "specbench.png"]
+    paths[0].write_text(json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1))
+    paths[1].write_text(markdown(summary))
+    plot(summary, paths[2], f"{Path(meta['target']).name}, {meta['questions']}")
+    return paths
+
+
+# -- methods and drafts ---------------------------------------------------------------------------------
+
+def static_draft(draft: Path, top_n: int, out: Path, token_counts: str | None) -> Path:
+    """FR-Spec-style static top-N copy of ``draft`` made by ``python -m train.export`` (cached in ``out``)."""
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    repo = Path(__file__).resolve().parents[2]
+    if not (repo / "train" / "export.py").is_file():
+        raise SystemExit("eagle3-static needs train/export.py (a repository checkout) or --static-draft")
+    dtype = json.loads((draft / "config.json").read_text()).get("torch_dtype", "bfloat16")
+    cmd = [sys.executable, "-m", "train.export", "--checkpoint", str(draft), "--output", str(out),
+           "--top-n", str(top_n), "--dtype", dtype if dtype in ("float32", "float16") else "bfloat16"]
+    cmd += ["--token-counts", str(token_counts)] if token_counts else []
+    r = subprocess.run(cmd, cwd=repo, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"static top-{top_n} export failed ({' '.join(cmd)}):\n{r.stdout}{r.stderr}\n"
+                         "give --token-counts RUN/token_counts.safetensors or --static-draft DIR")
+    return out
+
+
+def make_methods(names: list[str], draft: Path | None, static: Path | None,
+                 spec_args: list[str]) -> list[Method]:
+    methods = []
+    for name in names:
+        if name == "ar":
+            methods.append(Method(name))
+            continue
+        path = static if name == "eagle3-static" else draft
+        algo = "EAGLE3" if name.startswith("eagle3") else "NANOSPEC"
+        methods.append(Method(name, ["--speculative-algorithm", algo, "--speculative-draft-model-path",
+                                     str(path), *spec_args], ABLATION_ENV.get(name, {})))
+    return methods
+
+
+def base_server_args(device: str, dtype: str, extra: str) -> list[str]:
+    args = ["--device", device, "--dtype", dtype, "--skip-server-warmup", "--max-running-requests", "4"]
+    if device == "cpu":
+        # The patches/ hook gives CPU runs their backend and KV bound; keep the KV pool small on shared hosts.
+        args += ["--attention-backend", "intel_amx", "--max-total-tokens", "8192"]
+    return args + extra.split()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", required=True, help="model-zoo name (nanospec.models), directory or hub id")
+    ap.add_argument("--draft", type=Path, help="full-vocabulary EAGLE-3 draft directory")
+    ap.add_argument("--static-draft", type=Path, help="static top-N draft (default: exported from --draft)")
+    ap.add_argument("--static-top-n", type=int, default=32000, help="N of the static head (capped at V)")
+    ap.add_argument("--token-counts", help="token_counts.safetensors for the static export "
+                    "(default: the draft's run directory's)")
+    ap.add_argument("--questions", help=f"Spec-Bench jsonl (default: {DEFAULT_QUESTIONS} when present)")
+    ap.add_argument("--num-questions", type=int)
+    ap.add_argument("--per-category", type=int)
+    ap.add_argument("--categories", help="comma-separated categories to keep")
+    ap.add_argument("--max-turns", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    ap.add_argument("--methods", default=DEFAULT_METHODS,
+                    help=f"comma-separated, from {','.join(ALL_METHODS)}")
+    ap.add_argument("--spec-steps", type=int, default=3)
+    ap.add_argument("--spec-topk", type=int, default=1)
+    ap.add_argument("--spec-draft-tokens", type=int, default=4)
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    ap.add_argument("--dtype", default=None, help="server --dtype (default: float32 on CPU, auto on GPU)")
+    ap.add_argument("--threads", type=int, help="OMP_NUM_THREADS for the servers")
+    ap.add_argument("--server-args", default="", help="more sglang.launch_server arguments")
+    ap.add_argument("--out", type=Path, default=Path("specbench_out"))
+    ap.add_argument("--work-dir", type=Path, help="server logs and the static draft (default: OUT/work)")
+    a = ap.parse_args(argv)
+    a.methods = [m.strip() for m in a.methods.split(",") if m.strip()]
+    bad = [m for m in a.methods if m not in ALL_METHODS]
+    if bad:
+        ap.error(f"unknown method(s) {bad}; choose from {', '.join(ALL_METHODS)}")
+    if any(m != "ar" for m in a.methods) and a.draft is None and not (
+            set(a.methods) <= {"ar", "eagle3-static"} and a.static_draft):
+        ap.error("speculative methods need --draft (a full-vocabulary EAGLE-3 draft directory)")
+    return a
+
+
+def run(a: argparse.Namespace, tokenizer=None) -> tuple[dict, list[dict], list[Path]]:
+    import torch
+    from transformers import AutoTokenizer
+
+    from nanospec.models import resolve
+
+    questions = load_questions(find_questions(a.questions), a.num_questions, a.per_category,
+                               a.categories.split(",") if a.categories else None)
+    target = resolve(a.target)
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(target)
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = a.dtype or ("float32" if device == "cpu" else "auto")
+    static = a.static_draft
+    work = a.work_dir or a.out / "work"
+    if "eagle3-static" in a.methods and static is None:
+        vocab = json.loads((a.draft / "config.json").read_text())["vocab_size"]
+        n = min(a.static_top_n, vocab)
+        static = static_draft(a.draft, n, work / f"draft_static_top{n}", a.token_counts)
+    spec = ["--speculative-num-steps", str(a.spec_steps), "--speculative-eagle-topk", str(a.spec_topk),
+            "--speculative-num-draft-tokens", str(a.spec_draft_tokens)]
+    env = {"OMP_NUM_THREADS": str(a.threads)} if a.threads else {}
+    runs = []
+    for m in make_methods(a.methods, a.draft, static, spec):
+        print(f"[specbench] {m.name}: starting server", flush=True)
+        r = run_method(m, target, base_server_args(device, dtype, a.server_args), env, tokenizer, questions,
+                       a.max_new_tokens, a.max_turns, work / "logs", a.ignore_eos)
+        tok = sum(x["completion_tokens"] for x in r["records"])
+        wall = sum(x["wall_s"] for x in r["records"])
+        print(f"[specbench] {m.name}: {tok} tokens in {wall:.1f} s ({tok / wall:.2f} tok/s), "
+              f"server start {r['startup_s']:.0f} s", flush=True)
+        runs.append(r)
+    summary = summarize(runs)
+    meta = {"target": str(target), "draft": str(a.draft), "static_draft": str(static), "questions":
+            f"{len(questions)} questions x {a.max_turns} turns, {a.max_new_tokens} new tokens",
+            "methods": a.methods, "device": device, "dtype": dtype, "spec": spec, "threads": a.threads,
+            "ignore_eos": a.ignore_eos, "argv": sys.argv[1:]}
+    return summary, runs, write_results(summary, runs, meta, a.out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    summary, _, paths = run(a)
+    print(markdown(summary))
+    print("wrote " + ", ".join(map(str, paths)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
