@@ -7,6 +7,9 @@ random Llama target and a tiny full-vocabulary EAGLE-3 draft, both float32.
 from __future__ import annotations
 
 import json
+import re
+import threading
+import time
 import urllib.request
 
 import pytest
@@ -117,13 +120,20 @@ def test_client_disconnects_and_aborts_leave_the_server_healthy(nano, plain, ref
     for i in range(3):
         assert _stream_then_disconnect(nano, PROMPTS[i], chunks=3) == 3
     rid = "nanospec-abort-test"
-    import threading
+    done = {}
 
-    t = threading.Thread(target=lambda: nano.post("/generate", {
-        "text": PROMPTS[4], "rid": rid, "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}))
+    def long_request():
+        done["resp"] = nano.post("/generate", {
+            "text": PROMPTS[4], "rid": rid, "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}})
+
+    t = threading.Thread(target=long_request)
     t.start()
-    nano.post("/abort_request", {"rid": rid})
-    t.join(timeout=120)
+    time.sleep(2.0)
+    abort = urllib.request.Request(nano.base_url + "/abort_request", data=json.dumps({"rid": rid}).encode(),
+                                   headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(abort, timeout=60).read()  # answers with an empty body
+    t.join(timeout=300)
+    assert done["resp"]["meta_info"]["finish_reason"]["type"] == "abort"
     assert [output_ids(r) for r in generate_all(nano, PROMPTS, concurrent=True)] == reference
 
 
@@ -141,7 +151,8 @@ def test_many_requests_reuse_slots_without_growing_state(nano):
     assert first is not None and state is not None
     assert state["bytes"] == first["bytes"]  # fixed-size state: no growth with traffic
     assert state["started"] >= 250
-    assert state["slots_used"] <= 9  # the req_to_token pool has 8 rows (+1 padding): slots reused
+    slots = int(re.search(r"; (\d+) slots, vocabulary state", nano.log_text()).group(1))
+    assert state["slots_used"] < slots < state["started"]  # 250+ requests in fewer slots: reused
     assert state["live"] <= 1 and state["pending"] <= 1
 
 
