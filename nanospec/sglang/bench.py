@@ -8,7 +8,7 @@ output tokens/s, mean accept length, mean active vocabulary size and the mean dr
     python -m nanospec.sglang.bench --target TARGET --draft EAGLE3_DRAFT \
         --questions ../shared/data/mt_bench/question.jsonl --num-questions 8 --max-new-tokens 64
     # tiny random models with a 32k vocabulary (needs the repository's tests/support):
-    python -m nanospec.sglang.bench --make-tiny /tmp/nanospec_tiny --vocab 32768
+    python -m nanospec.sglang.bench --make-tiny /tmp/nanospec_tiny --vocab 32768 --hidden 512
 """
 
 from __future__ import annotations
@@ -134,14 +134,15 @@ def run_system(name, target, args, env, questions, max_new, log_dir) -> dict:
             "draft_ms": float(timing[-1][0]) if timing else None}
 
 
-def make_tiny(root: Path, vocab: int) -> tuple[Path, Path]:
+def make_tiny(root: Path, vocab: int, hidden: int) -> tuple[Path, Path]:
     repo = Path(__file__).resolve().parents[2]
     sys.path.insert(0, str(repo))
     try:
         from tests.support.tiny_models import make_tiny_eagle3_draft, make_tiny_llama
     except ImportError as e:
         raise SystemExit(f"--make-tiny needs the repository checkout (tests/support): {e}") from e
-    target = make_tiny_llama(root / "target", vocab_size=vocab)
+    target = make_tiny_llama(root / "target", vocab_size=vocab, hidden=hidden, heads=8, kv_heads=4,
+                             intermediate=2 * hidden)
     return target, make_tiny_eagle3_draft(root / "draft", target)
 
 
@@ -151,6 +152,7 @@ def main(argv=None) -> None:
     ap.add_argument("--draft", type=Path)
     ap.add_argument("--make-tiny", type=Path, help="build tiny random target + EAGLE-3 draft here")
     ap.add_argument("--vocab", type=int, default=32768)
+    ap.add_argument("--hidden", type=int, default=512, help="hidden size of the --make-tiny models")
     ap.add_argument("--questions", default="../shared/data/mt_bench/question.jsonl")
     ap.add_argument("--num-questions", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -161,7 +163,7 @@ def main(argv=None) -> None:
     ap.add_argument("--extra-args", default="--dtype float32", help="more sglang.launch_server arguments")
     a = ap.parse_args(argv)
     if a.make_tiny:
-        a.target, a.draft = make_tiny(a.make_tiny, a.vocab)
+        a.target, a.draft = make_tiny(a.make_tiny, a.vocab, a.hidden)
     if a.target is None or a.draft is None:
         ap.error("give --target and --draft, or --make-tiny DIR")
     a.log_dir.mkdir(parents=True, exist_ok=True)
