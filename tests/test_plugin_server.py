@@ -1,6 +1,6 @@
 """NANOSPEC served by a real SGLang server on the CPU: lossless output, robustness, real clients.
 
-One module-scoped set of servers (plain decoding, NANOSPEC default, NANOSPEC with W_max=16) on a tiny
+One module-scoped set of servers (plain decoding, NANOSPEC W_max=3072, NANOSPEC W_max=16) on a tiny
 random Llama target and a tiny full-vocabulary EAGLE-3 draft, both float32.
 """
 
@@ -36,7 +36,11 @@ def plain(models):
 @pytest.fixture(scope="module")
 def nano(models):
     target, draft, logs = models
-    with server(target, spec_args("NANOSPEC", draft), logs, "nanospec") as srv:
+    # Default W_max. With a 512-token vocabulary the automatic choice would be the plain full head
+    # (B * W_max > V), so force the union head here; the W_max=16 and agreeing-draft servers run the
+    # automatic choice, which picks the packed head there.
+    env = {"NANOSPEC_HEAD": "union"}
+    with server(target, spec_args("NANOSPEC", draft), logs, "nanospec", env=env) as srv:
         yield srv
 
 
