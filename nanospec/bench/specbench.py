@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -356,8 +357,14 @@ def run(a: argparse.Namespace, tokenizer=None) -> tuple[dict, list[dict], list[P
     return summary, runs, write_results(summary, runs, meta, a.out)
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so the running server's process group is stopped on the way out."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    stop_on_sigterm()
     summary, _, paths = run(a)
     print(markdown(summary))
     print("wrote " + ", ".join(map(str, paths)))

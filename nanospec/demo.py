@@ -1,0 +1,137 @@
+"""The main job: NANOSPEC against EAGLE3 and plain decoding on a real model, from a fresh CPU machine.
+
+    python -m nanospec.demo                       # SmolLM2-135M-Instruct, a quick draft, 4 MT-bench questions
+    python -m nanospec.demo --draft RUN/final     # use an EAGLE-3 draft you already have
+
+1. fetches the target with ``nanospec.models`` (a no-op once cached);
+2. takes the draft from ``--draft``, or trains a quick full-vocabulary EAGLE-3 draft with ``train/``
+   on ShareGPT (bounded by --train-steps and --train-minutes, progress bar), cached under
+   ``~/.cache/nanospec/drafts/`` keyed by the target, data and every training setting;
+3. runs the Spec-Bench harness (``nanospec.bench.specbench``): one SGLang server per method in turn,
+   a few MT-bench questions, greedy, and prints the comparison table.
+
+A quick draft is a weak draft (minutes of CPU training instead of GPU-days): the accepted tokens per step
+it reaches are far below a real EAGLE-3 draft's, which the table shows as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from nanospec.bench import specbench
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+DEFAULT_DATA = SHARED / "sharegpt" / "sharegpt_v3_17k.json.gz"
+DEFAULT_QUESTIONS = SHARED / "mt_bench" / "question.jsonl"
+
+
+def draft_settings(a: argparse.Namespace, target: str) -> dict:
+    """Everything the quick draft depends on; its hash names the cache directory."""
+    data = Path(a.data)
+    return {"target": a.model, "target_config": _file_hash(Path(target) / "config.json"),
+            "data": data.name, "data_bytes": data.stat().st_size, "max_records": a.train_records,
+            "max_steps": a.train_steps, "max_minutes": a.train_minutes, "max_length": 256, "ttt_steps": 3,
+            "lr": 3e-4, "warmup_steps": 5, "seed": 0}
+
+
+def _file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else ""
+
+
+def draft_dir(cache: Path, settings: dict) -> Path:
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    return cache / f"{settings['target']}-quick-{key}"
+
+
+def train_command(target: str, data: str, run: Path, s: dict) -> list[str]:
+    return [sys.executable, str(REPO / "train" / "eagle3.py"), "--target-model-path", target,
+            "--data-path", data, "--output-dir", str(run), "--max-records", str(s["max_records"]),
+            "--max-steps", str(s["max_steps"]), "--max-minutes", str(s["max_minutes"]),
+            "--max-length", str(s["max_length"]), "--ttt-steps", str(s["ttt_steps"]), "--lr", str(s["lr"]),
+            "--warmup-steps", str(s["warmup_steps"]), "--seed", str(s["seed"]), "--batch-size", "1",
+            "--save-every", "0", "--log-every", "5", "--dtype", "float32"]
+
+
+def quick_draft(a: argparse.Namespace, target: str) -> Path:
+    """The cached quick draft for these settings, trained first when absent."""
+    if not Path(a.data).is_file():
+        raise SystemExit(f"no training data at {a.data}: pass --data SHAREGPT.json[.gz] or --draft DIR")
+    if not (REPO / "train" / "eagle3.py").is_file():
+        raise SystemExit("training a draft needs the repository's train/; pass --draft DIR instead")
+    settings = draft_settings(a, target)
+    run = draft_dir(Path(a.cache_dir).expanduser(), settings)
+    final = run / "final"
+    if (final / "config.json").is_file() and (final / "model.safetensors").is_file():
+        print(f"[demo] cached draft {final}", flush=True)
+        return final
+    print(f"[demo] training a quick draft ({settings['max_steps']} steps or {settings['max_minutes']} min) "
+          f"-> {run}", flush=True)
+    cmd = train_command(target, str(a.data), run, settings)
+    # A restart after an interruption starts over: the cache entry must come from one uninterrupted run.
+    if subprocess.run(cmd, cwd=REPO).returncode != 0 or not (final / "config.json").is_file():
+        raise SystemExit(f"draft training failed: {' '.join(cmd)}")
+    (run / "demo_settings.json").write_text(json.dumps(settings, indent=1))
+    return final
+
+
+def overall_table(summary: dict) -> str:
+    rows = [f"{'method':<16}{'tok/s':>8}{'vs AR':>8}{'accepted/step':>15}{'active vocab':>14}{'= AR':>6}"]
+    for method, cats in summary.items():
+        s = cats["overall"]
+        eq = "-" if s["equal_ar"] is None else ("yes" if s["equal_ar"] else "no")
+        rows.append(f"{method:<16}{s['tok_s']:>8.2f}{specbench._fmt(s.get('speedup'), '.2f'):>7}x"
+                    f"{specbench._fmt(s['accept'], '.2f'):>15}{specbench._fmt(s['active_vocab'], '.0f'):>14}"
+                    f"{eq:>6}")
+    return "\n".join(rows)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m", help="model-zoo name or directory")
+    ap.add_argument("--draft", type=Path, help="full-vocabulary EAGLE-3 draft (skips training)")
+    ap.add_argument("--data", default=str(DEFAULT_DATA), help="ShareGPT file for the quick draft")
+    ap.add_argument("--train-steps", type=int, default=60)
+    ap.add_argument("--train-minutes", type=float, default=4.0)
+    ap.add_argument("--train-records", type=int, default=400, help="conversations read for training")
+    ap.add_argument("--cache-dir", default="~/.cache/nanospec/drafts")
+    ap.add_argument("--questions", default=str(DEFAULT_QUESTIONS))
+    ap.add_argument("--num-questions", type=int, default=4)
+    ap.add_argument("--max-turns", type=int, default=1)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--methods", default="ar,eagle3,nanospec")
+    ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of the servers")
+    ap.add_argument("--out", type=Path, default=Path("demo_out"))
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    specbench.stop_on_sigterm()
+    from nanospec.models import resolve
+
+    if not Path(a.questions).is_file():
+        raise SystemExit(f"no question file at {a.questions}: pass --questions MT_BENCH.jsonl")
+    print(f"[demo] target {a.model}", flush=True)
+    target = resolve(a.model)
+    draft = a.draft if a.draft is not None else quick_draft(a, target)
+    bench = specbench.parse_args([
+        "--target", target, "--draft", str(draft), "--questions", a.questions,
+        "--num-questions", str(a.num_questions), "--max-turns", str(a.max_turns),
+        "--max-new-tokens", str(a.max_new_tokens), "--methods", a.methods, "--threads", str(a.threads),
+        "--out", str(a.out)])
+    summary, _, paths = specbench.run(bench)
+    print(f"\n{a.model}, draft {draft}, {a.num_questions} MT-bench questions x {a.max_turns} turn(s), "
+          f"{a.max_new_tokens} new tokens, greedy:\n")
+    print(overall_table(summary))
+    print("\nper category: " + str(paths[1]) + "   chart: " + str(paths[2]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,80 @@
+"""The demo's quick draft: bounded training through train/, cached by its settings, and its table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from nanospec import demo
+from tests.support.tiny_models import make_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return make_tiny_llama(tmp_path_factory.mktemp("target"), vocab_size=512)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    records = [{"conversations": [{"from": "human", "value": f"Count from {i}."},
+                                  {"from": "gpt", "value": " ".join(str(i + k) for k in range(12))}]}
+               for i in range(8)]
+    path = tmp_path_factory.mktemp("data") / "chat.json"
+    path.write_text(json.dumps(records))
+    return path
+
+
+def args_for(target, data, cache, *extra):
+    return demo.parse_args(["--model", str(target), "--data", str(data), "--cache-dir", str(cache),
+                            "--train-steps", "2", "--train-records", "8", *extra])
+
+
+def test_cache_directory_changes_with_every_training_setting(target, data, tmp_path):
+    base = demo.draft_settings(args_for(target, data, tmp_path), str(target))
+    key = demo.draft_dir(tmp_path, base)
+    assert demo.draft_dir(tmp_path, dict(base)) == key
+    for field, value in (("max_steps", 3), ("max_minutes", 1.0), ("max_records", 9), ("lr", 1e-3),
+                         ("data_bytes", 1), ("target_config", "other")):
+        assert demo.draft_dir(tmp_path, {**base, field: value}) != key, field
+
+
+def test_training_command_is_bounded_in_steps_time_and_length(target, data, tmp_path):
+    s = demo.draft_settings(args_for(target, data, tmp_path, "--train-minutes", "2.5"), str(target))
+    cmd = demo.train_command(str(target), str(data), tmp_path / "run", s)
+    flags = dict(zip(cmd[2::2], cmd[3::2], strict=False))
+    assert flags["--max-steps"] == "2" and flags["--max-minutes"] == "2.5" and flags["--max-length"] == "256"
+    assert flags["--save-every"] == "0" and flags["--dtype"] == "float32"
+
+
+def test_quick_draft_is_trained_once_then_reused(target, data, tmp_path, monkeypatch):
+    a = args_for(target, data, tmp_path)
+    final = demo.quick_draft(a, str(target))
+    cfg = json.loads((final / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 512
+    assert json.loads((final.parent / "demo_settings.json").read_text())["max_steps"] == 2
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a cached draft must not be trained again")
+
+    monkeypatch.setattr(subprocess, "run", no_training)
+    assert demo.quick_draft(a, str(target)) == final
+
+
+def test_missing_data_or_questions_are_clear_errors(target, tmp_path):
+    with pytest.raises(SystemExit, match="--data"):
+        demo.quick_draft(args_for(target, tmp_path / "none.json", tmp_path), str(target))
+    with pytest.raises(SystemExit, match="--questions"):
+        demo.main(["--model", str(target), "--questions", str(tmp_path / "none.jsonl")])
+
+
+def test_overall_table_lists_every_method_against_ar():
+    summary = {"ar": {"overall": {"tok_s": 10.0, "speedup": 1.0, "accept": None, "active_vocab": None,
+                                  "equal_ar": True}},
+               "nanospec": {"overall": {"tok_s": 12.5, "speedup": 1.25, "accept": 1.8, "active_vocab": 812.4,
+                                        "equal_ar": False}}}
+    lines = demo.overall_table(summary).splitlines()
+    assert lines[0].split() == ["method", "tok/s", "vs", "AR", "accepted/step", "active", "vocab", "=", "AR"]
+    assert lines[1].split() == ["ar", "10.00", "1.00x", "-", "-", "yes"]
+    assert lines[2].split() == ["nanospec", "12.50", "1.25x", "1.80", "812", "no"]
