@@ -44,7 +44,16 @@ def _attend(
     logit_cap: float,
     sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    """q ``[B, Q, H, Dk]``, k/v ``[B, L, Hkv, D]``, visible ``[B, Q, L]`` -> ``[B, Q, H, Dv]`` float32."""
+    """q ``[B, Q, H, Dk]``, k/v ``[B, L, Hkv, D]``, visible ``[B, Q, L]`` -> ``[B, Q, H, Dv]`` float32.
+
+    Rows with nothing visible (padding) come out as zeros."""
+    if not (logit_cap and logit_cap > 0) and sinks is None:  # common case: one fused SDPA call
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2),
+            attn_mask=visible[:, None], scale=sm_scale * k_scale, enable_gqa=True,
+        )  # fmt: skip
+        out = out.transpose(1, 2)
+        return out * v_scale if v_scale != 1.0 else out
     B, Q, H, Dk = q.shape
     Hkv = k.shape[2]
     g = H // Hkv
@@ -96,13 +105,13 @@ def decode_attention_cpu(
     visible = pos[None, :] < seq[:, None]
     if sliding_window_size and sliding_window_size > 0:
         visible &= pos[None, :] >= (seq[:, None] - sliding_window_size)
-    slots = req_to_token[req_pool_indices.long()[:, None], pos[None, :].clamp(max=req_to_token.shape[1] - 1)]
-    slots = torch.where(visible, slots, torch.zeros_like(slots)).long()
+    # Slots past a request's length are read but masked; req_to_token entries are valid pool indices.
+    slots = req_to_token.index_select(0, req_pool_indices.long())[:, :L].long()
     out = _attend(
         query[:, None], k_cache[slots], v_cache[slots], visible[:, None], sm_scale, k_scale, v_scale,
         logit_cap, sinks,
     )  # fmt: skip
-    output.copy_(out[:, 0].to(output.dtype))
+    output.copy_(out[:, 0])
 
 
 def extend_attention_cpu(
@@ -140,57 +149,71 @@ def extend_attention_cpu(
     if is_cross_attention:
         raise NotImplementedError("cross-attention has no pure-PyTorch extend fallback")
     B = seq_lens.numel()
-    if B == 0 or q_extend.shape[0] == 0:
+    N = q_extend.shape[0]
+    if B == 0 or N == 0:
         return
     dev = q_extend.device
     seq = seq_lens.long()
     ext = extend_seq_lens.long()
-    start = extend_start_loc.long()
     prefix = seq - ext
     E = int(ext.max())
     L = int(seq.max())
-    qpos = torch.arange(E, device=dev)
-    kpos = torch.arange(L, device=dev)
-    q_valid = qpos[None, :] < ext[:, None]  # [B, E]
-    q_rows = (start[:, None] + qpos[None, :]).clamp(max=q_extend.shape[0] - 1)
-    in_prefix = kpos[None, :] < prefix[:, None]  # [B, L]
-    k_valid = kpos[None, :] < seq[:, None]
-
-    slots = req_to_token[req_pool_indices.long()[:, None], kpos[None, :].clamp(max=req_to_token.shape[1] - 1)]
-    use_cache = in_prefix if k_extend is not None else k_valid
-    slots = torch.where(use_cache, slots, torch.zeros_like(slots)).long()
+    uniform = N == B * E  # every request extends by E (verify, draft extend): plain reshapes
+    if uniform:
+        tok_b = torch.arange(B, device=dev).repeat_interleave(E)
+        tok_j = torch.arange(E, device=dev).repeat(B)
+        q = q_extend.view(B, E, *q_extend.shape[1:])
+    else:
+        tok_b = torch.repeat_interleave(torch.arange(B, device=dev), ext, output_size=N)
+        tok_j = torch.arange(N, device=dev) - extend_start_loc.long()[tok_b]
+        q = q_extend.new_zeros(B, E, *q_extend.shape[1:])
+        q[tok_b, tok_j] = q_extend
+    # Slots past a request's length are read but masked; req_to_token entries are valid pool indices.
+    slots = req_to_token.index_select(0, req_pool_indices.long())[:, :L].long()
     keys = k_buffer[slots]
     vals = v_buffer[slots]
-    if k_extend is not None and v_extend is not None:
-        ext_rows = (start[:, None] + kpos[None, :] - prefix[:, None]).clamp(0, k_extend.shape[0] - 1)
-        sel = (~in_prefix)[..., None, None]
-        keys = torch.where(sel, k_extend[ext_rows].to(keys.dtype), keys)
-        vals = torch.where(sel, v_extend[ext_rows].to(vals.dtype), vals)
+    if k_extend is not None and v_extend is not None:  # the new tokens' K/V as given, not as cached
+        kpos_new = prefix[tok_b] + tok_j
+        keys[tok_b, kpos_new] = k_extend.to(keys.dtype)
+        vals[tok_b, kpos_new] = v_extend.to(vals.dtype)
 
-    q_abs = prefix[:, None] + qpos[None, :]  # absolute position of each query [B, E]
-    rel = kpos[None, None, :] - prefix[:, None, None]  # key index within the new tokens [B, 1, L]
-    new_key = ~in_prefix[:, None, :] & k_valid[:, None, :]
+    qpos = torch.arange(E, device=dev)
+    kpos = torch.arange(L, device=dev)
+    q_abs = prefix[:, None] + qpos[None, :]  # [B, E]
     if custom_mask is not None:
-        cm = custom_mask.reshape(-1)
-        if cm.numel() == int((ext * ext).sum()):  # QLEN_ONLY
-            base = torch.cumsum(ext * ext, 0) - ext * ext
-            idx = base[:, None, None] + qpos[None, :, None] * ext[:, None, None] + rel
-            ok = new_key & q_valid[..., None]
-            tree = cm[torch.where(ok, idx, 0)].bool() & ok
-            visible = (in_prefix[:, None, :] & q_valid[..., None]) | tree
-        elif cm.numel() == int((ext * seq).sum()):  # FULL_MASK
+        cm = custom_mask.reshape(-1).bool()
+        if cm.numel() == int((ext * ext).sum()):  # QLEN_ONLY: ext x ext per request, new keys only
+            if uniform:
+                tree = cm.view(B, E, E)
+            else:
+                base = torch.cumsum(ext * ext, 0) - ext * ext
+                idx = base[:, None, None] + qpos[None, :, None] * ext[:, None, None] + qpos[None, None, :]
+                ok = (qpos[None, :, None] < ext[:, None, None]) & (qpos[None, None, :] < ext[:, None, None])
+                tree = cm[torch.where(ok, idx, 0)] & ok
+            # Prefix columns visible; scatter the tree into the new-key columns (a spare column L
+            # takes the padding of shorter requests).
+            visible = torch.arange(L + 1, device=dev)[None, None, :] < prefix[:, None, None]
+            visible = visible.expand(B, E, L + 1).clone()
+            cols = prefix[:, None] + qpos[None, :]
+            cols = torch.where(qpos[None, :] < ext[:, None], cols, L)[:, None, :].expand(B, E, E)
+            visible.scatter_(2, cols, tree)
+            visible = visible[..., :L]
+        elif cm.numel() == int((ext * seq).sum()):  # FULL_MASK: ext x seq_len per request
             base = torch.cumsum(ext * seq, 0) - ext * seq
             idx = base[:, None, None] + qpos[None, :, None] * seq[:, None, None] + kpos[None, None, :]
-            ok = k_valid[:, None, :] & q_valid[..., None]
-            visible = cm[torch.where(ok, idx, 0)].bool() & ok
+            ok = (kpos[None, None, :] < seq[:, None, None]) & (qpos[None, :, None] < ext[:, None, None])
+            visible = cm[torch.where(ok, idx, 0)] & ok
         else:
             raise ValueError(f"custom_mask has {cm.numel()} entries; expected ext*ext or ext*seq_len sums")
     elif is_causal:
-        visible = (in_prefix[:, None, :] | (new_key & (rel <= qpos[None, :, None]))) & q_valid[..., None]
+        visible = kpos[None, None, :] <= q_abs[..., None]
     else:
-        visible = k_valid[:, None, :] & q_valid[..., None]
+        visible = (kpos[None, :] < seq[:, None])[:, None, :].expand(B, E, L)
     if sliding_window_size and sliding_window_size > 0:
-        visible &= kpos[None, None, :] > (q_abs[..., None] - sliding_window_size)
+        visible = visible & (kpos[None, None, :] > (q_abs[..., None] - sliding_window_size))
 
-    out = _attend(q_extend[q_rows], keys, vals, visible, sm_scale, k_scale, v_scale, logit_cap, sinks)
-    o_extend[q_rows[q_valid]] = out[q_valid].to(o_extend.dtype)
+    out = _attend(q, keys, vals, visible, sm_scale, k_scale, v_scale, logit_cap, sinks)  # [B, E, H, Dv]
+    if uniform:
+        o_extend.copy_(out.reshape(o_extend.shape))
+    else:
+        o_extend.copy_(out[tok_b, tok_j])

@@ -91,18 +91,16 @@ def build_draft_decode_metadata_cpu(
     bs = seq_lens.numel()
     seq = seq_lens.long()
     width = (int(seq.max()) if bs else 0) + num_steps
-    rpi = req_pool_indices.long()
     col = torch.arange(width, device=seq.device)
-    seq_b = seq.repeat_interleave(topk)  # [bs * topk]
-    rpi_b = rpi.repeat_interleave(topk)
-    k = torch.arange(topk, device=seq.device).repeat(bs)
-    in_prefix = col[None, :] < seq_b[:, None]
-    step = col[None, :] - seq_b[:, None]
-    in_draft = (step >= 0) & (step < num_steps)
-    src = torch.where(in_prefix, col[None, :], seq_b[:, None] + k[:, None] * num_steps + step)
-    src = torch.where(in_prefix | in_draft, src, 0).clamp_(max=req_to_token.shape[1] - 1)
-    table = req_to_token[rpi_b[:, None], src]
-    return torch.where(in_prefix | in_draft, table, torch.zeros_like(table))
+    seq_b = seq.repeat_interleave(topk)[:, None]  # [bs * topk, 1]
+    shift = (torch.arange(topk, device=seq.device) * num_steps).repeat(bs)[:, None]
+    # Prefix columns read themselves; draft column seq + s reads seq + k * num_steps + s.
+    src = col[None, :] + torch.where(col[None, :] >= seq_b, shift, 0)
+    used = col[None, :] < seq_b + num_steps
+    src = torch.where(used, src, 0).clamp_(max=req_to_token.shape[1] - 1)
+    rows = req_pool_indices.long().repeat_interleave(topk)[:, None]
+    table = req_to_token[rows, src]
+    return table.masked_fill_(~used, 0)
 
 
 def fill_bonus_tokens_cpu(
@@ -171,11 +169,20 @@ def build_tree_kernel_efficient_cpu(
         return
     dev = verified_seq_len.device
     seq = verified_seq_len.long()
-    parent = _tree_parents(parent_list, selected_index[:, : D - 1], topk)  # [bs, D]
     nodes = torch.arange(D, device=dev)
     b_ids = torch.arange(bs, device=dev)
-
     retrive_index.view(bs, D).copy_((b_ids[:, None] * D + nodes[None, :]).to(retrive_index.dtype))
+    if _is_chain(parent_list, selected_index, topk, D):
+        # topk == 1: node i's parent is i - 1 (a walk of at most `depth` steps); same results, few ops.
+        rn = retrive_next_token.view(bs, D)
+        rn[:, : D - 1] = nodes[1:].to(rn.dtype)
+        c, x = nodes[None, :], nodes[:, None]
+        anc = ((c == 0) | ((c <= x) & (c > x - depth))).expand(bs, D, D)
+        level = nodes.clamp(max=depth)[None, :]
+        positions.view(bs, D).copy_((seq[:, None] + level).to(positions.dtype))
+        _write_tree_mask(tree_mask, anc, seq, nodes, b_ids, D, tree_mask_mode)
+        return
+    parent = _tree_parents(parent_list, selected_index[:, : D - 1], topk)  # [bs, D]
 
     # Links: children of each parent in ascending node order.
     has_parent = parent >= 0
@@ -209,14 +216,29 @@ def build_tree_kernel_efficient_cpu(
         active = active & (p > 0)
         cur = torch.where(active, p, cur)
     positions.view(bs, D).copy_((seq[:, None] + level).to(positions.dtype))
+    _write_tree_mask(tree_mask, anc, seq, nodes, b_ids, D, tree_mask_mode)
 
-    if tree_mask_mode == 0:  # FULL_MASK: rows of seq_len + D columns, prefix left as filled
+
+def _is_chain(parent_list: torch.Tensor, selected_index: torch.Tensor, topk: int, D: int) -> bool:
+    """topk == 1 drafts whose nodes are the chain 0 -> 1 -> ... -> D - 1 (the usual case)."""
+    if topk != 1 or selected_index.shape[1] < D - 1 or parent_list.shape[1] < D - 1:
+        return False
+    ar = torch.arange(D - 1, device=selected_index.device)
+    return bool((selected_index[:, : D - 1] == ar).all()) and bool(
+        (parent_list[:, 1 : D - 1] == ar[: D - 2]).all()
+    )
+
+
+def _write_tree_mask(tree_mask, anc, seq, nodes, b_ids, D: int, tree_mask_mode: int) -> None:
+    """Write the tree part of each mask row (``anc`` ``[bs, D, D]``); FULL_MASK prefixes stay as filled."""
+    if tree_mask_mode == 0:  # FULL_MASK: rows of seq_len + D columns
         row_len = seq + D
         block = torch.cumsum(D * row_len, 0) - D * row_len
         base = block[:, None, None] + nodes[None, :, None] * row_len[:, None, None] + seq[:, None, None]
         idx = base + nodes[None, None, :]
-    elif tree_mask_mode == 1:  # QLEN_ONLY
-        idx = (b_ids[:, None, None] * D + nodes[None, :, None]) * D + nodes[None, None, :]
+    elif tree_mask_mode == 1:  # QLEN_ONLY: D x D per request, contiguous
+        tree_mask.view(-1)[: b_ids.numel() * D * D] = anc.reshape(-1).to(tree_mask.dtype)
+        return
     else:
         raise NotImplementedError(f"tree_mask_mode {tree_mask_mode} (bit-packed) has no CPU fallback")
     tree_mask.view(-1)[idx.reshape(-1)] = anc.reshape(-1).to(tree_mask.dtype)
@@ -251,6 +273,20 @@ def verify_tree_greedy_cpu(
     cand = candidates.view(bs, D)
     tflat = target_predict.reshape(-1)
     pflat = predicts.view(-1)
+    nodes = torch.arange(D, device=dev)
+    chain_next = torch.where(nodes < D - 1, nodes + 1, -1)
+    if bool((rsib == -1).all()) and bool((rnext == chain_next).all()):
+        # A chain (topk == 1): accept the longest prefix whose drafts equal the target's predictions.
+        tgt = tflat[ridx]  # target prediction at every node [bs, D]
+        levels = min(S - 1, D - 1)
+        match = (cand[:, 1 : levels + 1] == tgt[:, :levels]).long()
+        num = torch.cumprod(match, 1).sum(1)  # [bs]
+        keep = nodes[None, : levels + 1] <= num[:, None]
+        ai = accept_index[:, : levels + 1]
+        ai.copy_(torch.where(keep, ridx[:, : levels + 1].to(ai.dtype), ai))
+        pflat[ridx[:, : levels + 1][keep]] = tgt[:, : levels + 1][keep].to(pflat.dtype)
+        accept_token_num.view(-1)[:bs] = num.to(accept_token_num.dtype)
+        return
     # children[b, n, c]: c-th child of node n in sibling order (-1 past the end); at most D - 1.
     max_children = D - 1
     children = torch.full((bs, D, max(max_children, 1)), -1, dtype=torch.long, device=dev)
