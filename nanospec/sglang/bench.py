@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 CPU_ARGS = ["--device", "cpu", "--attention-backend", "intel_amx", "--disable-cuda-graph",
-            "--max-running-requests", "4", "--max-total-tokens", "8192", "--mem-fraction-static", "0.1"]
+            "--max-running-requests", "4", "--max-total-tokens", "8192", "--mem-fraction-static", "0.3"]
 TIMING_RE = re.compile(r"NANOSPEC timing: draft step ([0-9.]+) ms mean over (\d+) calls")
 
 
