@@ -14,14 +14,16 @@ from __future__ import annotations
 import torch
 
 
-def _segment_layout(start: torch.Tensor, end: torch.Tensor):
-    """Flatten per-request ranges [start, end) -> (request id, column) of every element, in order."""
+def _segments(req_pool_indices, start: torch.Tensor, end: torch.Tensor):
+    """Per-request ranges [start, end) as a padded grid: (rows [bs, 1], cols [bs, n], valid mask or None).
+
+    Selecting ``grid[valid]`` walks requests in order, i.e. the packed layout of the Triton kernels."""
     lens = (end - start).long()
-    total = int(lens.sum())
-    rows = torch.repeat_interleave(torch.arange(lens.numel(), device=lens.device), lens, output_size=total)
-    first = torch.cumsum(lens, 0) - lens
-    cols = start.long()[rows] + torch.arange(total, device=lens.device) - first[rows]
-    return rows, cols
+    n = int(lens.max()) if lens.numel() else 0
+    cols = start.long()[:, None] + torch.arange(n, device=lens.device)
+    uniform = int(lens.min()) == n if lens.numel() else True
+    valid = None if uniform else torch.arange(n, device=lens.device)[None, :] < lens[:, None]
+    return req_pool_indices.long()[:, None], cols, valid
 
 
 def assign_req_to_token_pool_cpu(
@@ -33,10 +35,14 @@ def assign_req_to_token_pool_cpu(
     pool_len: int,
 ) -> None:
     """``req_to_token[req_pool_indices[b], start[b]:end[b]] = out_cache_loc[packed range of b]``."""
-    rows, cols = _segment_layout(start_offset, end_offset)
-    if rows.numel() == 0:
+    rows, cols, valid = _segments(req_pool_indices, start_offset, end_offset)
+    if cols.numel() == 0:
         return
-    req_to_token[req_pool_indices.long()[rows], cols] = out_cache_loc[: rows.numel()].to(req_to_token.dtype)
+    if valid is None:
+        req_to_token[rows, cols] = out_cache_loc[: cols.numel()].view(cols.shape).to(req_to_token.dtype)
+    else:
+        rows = rows.expand(cols.shape)[valid]
+        req_to_token[rows, cols[valid]] = out_cache_loc[: rows.numel()].to(req_to_token.dtype)
 
 
 def assign_extend_cache_locs_cpu(
@@ -48,10 +54,14 @@ def assign_extend_cache_locs_cpu(
     pool_len: int,
 ) -> None:
     """``out_cache_loc[packed range of b] = req_to_token[req_pool_indices[b], start[b]:end[b]]``."""
-    rows, cols = _segment_layout(start_offset, end_offset)
-    if rows.numel() == 0:
+    rows, cols, valid = _segments(req_pool_indices, start_offset, end_offset)
+    if cols.numel() == 0:
         return
-    out_cache_loc[: rows.numel()] = req_to_token[req_pool_indices.long()[rows], cols].to(out_cache_loc.dtype)
+    if valid is None:
+        vals = req_to_token[rows, cols]
+    else:
+        vals = req_to_token[rows.expand(cols.shape)[valid], cols[valid]]
+    out_cache_loc[: vals.numel()] = vals.reshape(-1).to(out_cache_loc.dtype)
 
 
 def assign_draft_cache_locs_contiguous_cpu(

@@ -84,7 +84,28 @@ def _fix_eagle_utils(mod) -> None:
     mod.top_p_renorm_prob = OPS["top_p_renorm_prob"]
 
 
+def _fix_intel_amx_backend(mod) -> None:
+    """sglang/srt/layers/attention/intel_amx_backend.py (0.5.23) calls its two attention ops through
+    ``torch.ops.sgl_kernel``; with the Python fallback that is a dispatcher round trip (19 boxed
+    arguments) per layer call. Call the same functions directly. Not a defect, a CPU cost cut."""
+    from patches.registry import OPS
+
+    cls = mod.IntelAMXAttnBackend
+    original = cls.__init__
+    if getattr(original, "__nanospec__", False):
+        return
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.decode_attention_fwd = OPS["decode_attention_cpu"]
+        self.extend_attention_fwd = OPS["extend_attention_cpu"]
+
+    __init__.__nanospec__ = True
+    cls.__init__ = __init__
+
+
 TARGETS = {
+    "sglang.srt.layers.attention.intel_amx_backend": _fix_intel_amx_backend,
     "sglang.srt.arg_groups.attention_hook": _fix_attention_hook,
     "sglang.srt.arg_groups.platform_hook": _fix_platform_hook,
     "sglang.srt.speculative.eagle_utils": _fix_eagle_utils,
