@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -74,7 +75,9 @@ def quick_draft(a: argparse.Namespace, target: str) -> Path:
           f"-> {run}", flush=True)
     cmd = train_command(target, str(a.data), run, settings)
     # A restart after an interruption starts over: the cache entry must come from one uninterrupted run.
-    if subprocess.run(cmd, cwd=REPO).returncode != 0 or not (final / "config.json").is_file():
+    # One OpenMP thread by default (as docs/training.md's CPU run): on a small shared host more spin-wait.
+    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads)}
+    if subprocess.run(cmd, cwd=REPO, env=env).returncode != 0 or not (final / "config.json").is_file():
         raise SystemExit(f"draft training failed: {' '.join(cmd)}")
     (run / "demo_settings.json").write_text(json.dumps(settings, indent=1))
     return final
@@ -105,7 +108,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-turns", type=int, default=1)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--methods", default="ar,eagle3,nanospec")
-    ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of the servers")
+    ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of training and the servers")
     ap.add_argument("--out", type=Path, default=Path("demo_out"))
     return ap.parse_args(argv)
 
