@@ -1,8 +1,8 @@
-"""DynamicVocab against the plain-Python reference, for the PyTorch and (interpreted) Triton kernels."""
+"""DynamicVocab against the plain-Python reference, for the PyTorch and Triton kernels (the latter
+through Triton's interpreter, switched on in conftest.py)."""
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -15,18 +15,6 @@ from nanospec import DynamicVocab, NanoSpecConfig
 from nanospec.kernels import torch_ops
 
 STATE_FIELDS = ("col_of", "col_tok", "count", "ring", "stack", "nfree", "pos", "gathered")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def triton_interpreter():
-    """Triton kernels run on the CPU through the interpreter, chosen when they are first decorated."""
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    yield
-    if old is None:
-        os.environ.pop("TRITON_INTERPRET")
-    else:
-        os.environ["TRITON_INTERPRET"] = old
 
 
 def _sample(rng: random.Random, vocab: int, hot: list[int]) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import os
 from types import ModuleType
 
 import torch
@@ -25,6 +24,14 @@ def load(backend: str, device: torch.device) -> ModuleType:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
         backend = "triton" if device.type == "cuda" and triton_available() else "torch"
-    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("backend='triton' on a non-CUDA device needs TRITON_INTERPRET=1")
-    return importlib.import_module(f"nanospec.kernels.{backend}_ops")
+    module = importlib.import_module(f"nanospec.kernels.{backend}_ops")
+    if backend == "triton" and device.type != "cuda" and not _interpreted(module):
+        raise ValueError("backend='triton' on a non-CUDA device needs TRITON_INTERPRET=1 set before triton "
+                         "is first imported")
+    return module
+
+
+def _interpreted(module: ModuleType) -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(module._extend_kernel, InterpretedFunction)
