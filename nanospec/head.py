@@ -46,10 +46,18 @@ class PackedHead:
             src.record_stream(self.side)
         self.ready.record(self.side)
 
+    def wait(self) -> None:
+        """Make the current stream wait for every gather issued so far.
+
+        Does nothing inside CUDA-graph capture (an event recorded outside a graph cannot be waited on
+        inside it): whoever replays a graph that calls ``logits`` calls ``wait()`` before the replay.
+        """
+        if self.ready is not None and not torch.cuda.is_current_stream_capturing():
+            torch.cuda.current_stream(self.weight.device).wait_event(self.ready)
+
     def logits(self, hidden: torch.Tensor, col_tok: torch.Tensor, reqs: torch.Tensor) -> torch.Tensor:
         """hidden [N, d], col_tok [R, W] int32, reqs [N] int64 -> [N, W] float32, free columns -inf."""
-        if self.ready is not None:
-            torch.cuda.current_stream(self.weight.device).wait_event(self.ready)
+        self.wait()
         rows = self.weight if self.indexed else self.packed
         return self.ops.logits(hidden, rows, col_tok, reqs, self.indexed)
 

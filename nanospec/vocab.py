@@ -104,6 +104,11 @@ class DynamicVocab:
         )
         self.head.gather(dst, src)
 
+    def wait_gathers(self) -> None:
+        """Order the current CUDA stream after all pending gathers; call it before replaying a CUDA
+        graph that contains ``logits`` (inside capture ``logits`` cannot wait by itself)."""
+        self.head.wait()
+
     def logits(self, hidden: torch.Tensor, reqs: torch.Tensor) -> torch.Tensor:
         """Draft logits [N, w_max] float32 of hidden [N, d] over each row's request's packed columns;
         free columns are -inf. Map columns back with ``token_ids``."""
@@ -138,6 +143,13 @@ class DynamicVocab:
         self._check_live(req)
         toks = self.state.col_tok[req]
         return toks[toks >= 0].long().sort().values
+
+    def contains(self, reqs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Whether each of tokens [B, k] is active for its row's slot reqs [B]: BoolTensor [B, k] on the
+        device (no sync; for hit-rate telemetry). Ids outside [0, V) are never active."""
+        in_range = (tokens >= 0) & (tokens < self.vocab)
+        cols = self.state.col_of[reqs.long()[:, None], tokens.long().clamp(0, self.vocab - 1)]
+        return in_range & (cols >= 0)
 
     def active_sizes(self, reqs: torch.Tensor) -> torch.Tensor:
         """Active vocabulary size [B] int64 of each slot, on the device (no sync)."""

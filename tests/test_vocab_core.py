@@ -225,3 +225,12 @@ def test_empty_batches_and_empty_candidate_rows_change_nothing(backend: str):
     dv.extend(torch.tensor([0]), torch.tensor([[5, 6]]), torch.zeros(1, 2, dtype=torch.bool))
     assert all(torch.equal(getattr(dv.state, n), t) for n, t in before.items())
     assert dv.logits(torch.randn(0, 4), torch.zeros(0, dtype=torch.long)).shape == (0, 4)
+
+
+def test_contains_reports_active_tokens_per_row():
+    dv = DynamicVocab(torch.randn(20, 4), 2, NanoSpecConfig(w_max=3))
+    dv.start(0, torch.tensor([1, 2, 3]))
+    dv.start(1, torch.tensor([4]))
+    dv.wait_gathers()  # no side stream on the CPU: nothing to wait for
+    got = dv.contains(torch.tensor([0, 1]), torch.tensor([[1, 4, -1, 25], [4, 1, 3, 19]]))
+    assert got.tolist() == [[True, False, False, False], [True, False, False, False]]

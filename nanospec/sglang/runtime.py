@@ -104,9 +104,7 @@ class Runtime:
             return
         emitted, ok = streams.emitted_tokens(predict, accept_lens, batch, width)
         d_emit, d_ok = streams.to_draft_space(emitted, ok, self.head.t2d)
-        col_of = self.dv.state.col_of
-        vocab = col_of.shape[1]
-        hit = d_ok & (col_of[reqs.long()[:, None], d_emit.clamp(0, vocab - 1)] >= 0)
+        hit = d_ok & self.dv.contains(reqs, d_emit)
         self.stats.record(reqs, self.dv.active_sizes(reqs), ok.sum(1), hit.sum(1))
         cands, valid = streams.verify_candidates(
             draft_tokens=draft_tokens, accept_index=accept_index, logits=logits,

@@ -66,6 +66,7 @@ class NanoSpecDraftWorker(EagleDraftWorker):
 
     def draft_forward(self, forward_batch):
         self.hot_token_id.entry = True  # the incoming top-k come from draft-extend: vocabulary ids
+        self.nano.dv.wait_gathers()  # a replayed draft graph cannot wait for the side-stream gathers
         return super().draft_forward(forward_batch)
 
     def _draft_extend_for_prefill(self, batch, target_hidden_states, next_token_ids,
