@@ -34,16 +34,17 @@ class PackedHead:
         """Copy weight[src[i]] into packed row dst[i] (dst -1: nothing), asynchronously on CUDA."""
         if self.indexed:
             return
-        if self.side is None:
+        # Inline inside CUDA-graph capture: a captured fork onto the side stream would have to be
+        # joined again before the capture ends.
+        if self.side is None or torch.cuda.is_current_stream_capturing():
             self.ops.gather(self.weight, self.packed_flat, dst, src)
             return
         self.side.wait_stream(torch.cuda.current_stream(self.weight.device))
         with torch.cuda.stream(self.side):
             self.ops.gather(self.weight, self.packed_flat, dst, src)
-        if not torch.cuda.is_current_stream_capturing():
-            # The caller's stream may free these before the side stream reads them.
-            dst.record_stream(self.side)
-            src.record_stream(self.side)
+        # The caller's stream may free these before the side stream reads them.
+        dst.record_stream(self.side)
+        src.record_stream(self.side)
         self.ready.record(self.side)
 
     def wait(self) -> None:
