@@ -113,16 +113,15 @@ def logits_grouped(
 ) -> torch.Tensor:
     """CPU path: one matmul per distinct request. There is no device queue to stall on the CPU, so
     reading ``reqs`` on the host is free and saves copying a request's rows once per row."""
-    out = torch.empty(hidden.shape[0], col_tok.shape[1], dtype=torch.float32, device=hidden.device)
+    out = torch.full((hidden.shape[0], col_tok.shape[1]), float("-inf"), device=hidden.device)
     groups: dict[int, list[int]] = {}
     for i, r in enumerate(reqs.tolist()):
         groups.setdefault(r, []).append(i)
-    out.fill_(float("-inf"))
-    live = col_tok >= 0
     for r, idx in groups.items():
         # Columns are handed out lowest first and reused last-freed first, so the live ones stay
         # packed at the front: stopping at the last live column skips the free tail for free.
-        end = int(live[r].nonzero().max()) + 1 if bool(live[r].any()) else 0
+        live = (col_tok[r] >= 0).nonzero()  # only this request's row: the pool may hold thousands
+        end = int(live[-1]) + 1 if live.numel() else 0
         w = rows.index_select(0, col_tok[r, :end].clamp_min(0).long()) if indexed else rows[r, :end]
         if len(idx) == hidden.shape[0]:
             out[:, :end] = hidden @ w.T
