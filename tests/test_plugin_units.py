@@ -301,22 +301,3 @@ def test_every_shipped_launch_config_loads():
     assert loaded["default"] == Settings()
     assert loaded["ablation_context"].vocab.sources == "context"
     assert loaded["tiny_window"].vocab.w_max == 16
-
-
-def test_static_top_n_draft_for_the_benchmark_keeps_the_most_frequent_tokens(tmp_path):
-    from safetensors.torch import load_file
-
-    from nanospec.sglang.bench import static_topn_draft
-    from tests.support.tiny_models import make_tiny_eagle3_draft, make_tiny_llama
-
-    target = make_tiny_llama(tmp_path / "t", vocab_size=512, layers=3)
-    draft = make_tiny_eagle3_draft(tmp_path / "d", target)
-    out = static_topn_draft(draft, tmp_path / "s", 64, ["the quick brown fox", "the lazy dog"])
-    w = load_file(str(out / "model.safetensors"))
-    full = load_file(str(draft / "model.safetensors"))["lm_head.weight"]
-    hot = w["d2t"] + torch.arange(64)
-    assert w["lm_head.weight"].shape == (64, full.shape[1]) and torch.equal(w["lm_head.weight"], full[hot])
-    from transformers import AutoTokenizer
-
-    ids = set(AutoTokenizer.from_pretrained(draft)("the quick brown fox")["input_ids"])
-    assert ids <= set(hot.tolist())

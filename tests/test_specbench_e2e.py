@@ -1,5 +1,6 @@
 """One short Spec-Bench run through real SGLang servers on tiny models: AR, EAGLE3 and NANOSPEC answer
-two questions (two turns each) and every speculative output equals AR's token for token."""
+two questions (two turns each), every speculative output equals AR's token for token, and each
+speculative server reports its draft step time."""
 
 from __future__ import annotations
 
@@ -47,6 +48,11 @@ def test_metrics_come_from_the_servers(result):
     assert 0 < summary["nanospec"]["overall"]["active_vocab"] <= 512
     assert summary["eagle3"]["overall"]["active_vocab"] is None
     assert set(summary["nanospec"]) == {"writing", "math", "overall"}
+    # Draft step time from each speculative server's log (NANOSPEC_TIME_DRAFT=1); AR has no draft step.
+    for method in ("eagle3", "nanospec"):
+        assert summary[method]["overall"]["draft_ms"] > 0
+        assert summary[method]["overall"]["draft_speedup"] > 0
+    assert summary["ar"]["overall"]["draft_ms"] is None
 
 
 def test_run_writes_json_table_and_chart(result):

@@ -1,13 +1,16 @@
-"""The Spec-Bench harness's logic without servers: questions, multi-turn prompts, metrics, outputs."""
+"""The Spec-Bench harness's logic without servers: questions, multi-turn prompts, metrics, outputs, the
+draft step timing, the static top-N head chosen from the prompts and --make-tiny."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from nanospec.bench import specbench as sb
-from tests.support.tiny_models import make_tokenizer
+from tests.support.tiny_models import make_tiny_eagle3_draft, make_tiny_llama, make_tokenizer
 
 QUESTIONS = [
     {"question_id": 1, "category": "writing", "turns": ["Write a poem.", "Make it shorter."]},
@@ -124,8 +127,9 @@ def test_results_are_written_as_json_markdown_and_png(tmp_path):
     assert data["runs"][0]["method"] == "ar" and data["meta"]["target"] == "/m/tiny"
     md = paths[1].read_text().splitlines()
     assert md[0].startswith("| category | method |") and len(md) == 2 + 3 * 3
-    assert "| **overall** | nanospec | 2 | 30 | 15.00 | 2.00x | 3.33 | 300 | yes |" in md
-    assert "| b | eagle3 | 1 | 20 | 20.00 | 2.00x | 2.00 | - | no (1) |" in md
+    assert md[0].endswith("| = AR | draft step ms | draft step speed-up vs EAGLE3 |")
+    assert "| **overall** | nanospec | 2 | 30 | 15.00 | 2.00x | 3.33 | 300 | yes | - | - |" in md
+    assert "| b | eagle3 | 1 | 20 | 20.00 | 2.00x | 2.00 | - | no (1) | - | - |" in md
     png = paths[2].read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) < 200_000
 
@@ -133,14 +137,16 @@ def test_results_are_written_as_json_markdown_and_png(tmp_path):
 def test_methods_map_to_algorithms_drafts_and_plugin_settings(tmp_path):
     spec = ["--speculative-num-steps", "3"]
     ms = {m.name: m for m in sb.make_methods(list(sb.ALL_METHODS), tmp_path / "d", tmp_path / "s", spec)}
+    timed = {"NANOSPEC_TIME_DRAFT": "1"}  # every speculative server times its draft step; AR has none
     assert ms["ar"].args == [] and ms["ar"].env == {}
     assert ms["eagle3"].args[:4] == ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
                                      str(tmp_path / "d")]
+    assert ms["eagle3"].env == timed and ms["eagle3-static"].env == timed
     assert ms["eagle3-static"].args[3] == str(tmp_path / "s") and ms["eagle3-static"].args[-2:] == spec
-    assert ms["nanospec"].args[1] == "NANOSPEC" and ms["nanospec"].env == {}
-    assert ms["nanospec-context"].env == {"NANOSPEC_SOURCES": "context"}
-    assert ms["nanospec-extension"].env == {"NANOSPEC_SOURCES": "extension"}
-    assert ms["nanospec-indexed"].env == {"NANOSPEC_GATHER": "indexed"}
+    assert ms["nanospec"].args[1] == "NANOSPEC" and ms["nanospec"].env == timed
+    assert ms["nanospec-context"].env == {**timed, "NANOSPEC_SOURCES": "context"}
+    assert ms["nanospec-extension"].env == {**timed, "NANOSPEC_SOURCES": "extension"}
+    assert ms["nanospec-indexed"].env == {**timed, "NANOSPEC_GATHER": "indexed"}
 
 
 def test_bad_command_lines_are_rejected(capsys):
@@ -158,3 +164,183 @@ def test_cpu_servers_run_float32_with_the_cpu_attention_backend():
     assert args[:4] == ["--device", "cpu", "--dtype", "float32"]
     assert "intel_amx" in args and args[-2:] == ["--foo", "1"]
     assert "intel_amx" not in sb.base_server_args("cuda", "auto", "")
+
+
+# -- draft step time ------------------------------------------------------------------------------------
+
+def test_draft_step_time_is_the_last_timing_line_of_the_server_log():
+    log = ("[2026-11-30 05:00:00] Load weight end.\n"
+           "[2026-11-30 05:00:01 TP0] NANOSPEC timing: draft step 128.700 ms mean over 10 calls\n"
+           "[2026-11-30 05:00:02 TP0] Decode batch. #running-req: 1\n"
+           "[2026-11-30 05:00:03 TP0] NANOSPEC timing: draft step 96.310 ms mean over 20 calls\n"
+           "[2026-11-30 05:00:04] INFO: 127.0.0.1 - POST /generate 200 OK\n")
+    assert sb.draft_ms_from_log(log) == pytest.approx(96.31)
+    assert sb.draft_ms_from_log("Load weight end.\nDecode batch.\n") is None
+    assert sb.draft_ms_from_log("") is None
+
+
+TIMED_RUNS = [{**RUNS[0], "draft_ms": None}, {**RUNS[1], "draft_ms": 40.0}, {**RUNS[2], "draft_ms": 120.0},
+              {"method": "eagle3-static", "draft_ms": None, "records": RUNS[2]["records"]}]
+
+
+def test_draft_step_speedup_is_eagle3_draft_time_over_each_methods():
+    s = sb.summarize(TIMED_RUNS)
+    assert s["nanospec"]["overall"]["draft_ms"] == 40.0
+    assert s["nanospec"]["overall"]["draft_speedup"] == pytest.approx(3.0)
+    assert s["eagle3"]["overall"]["draft_speedup"] == pytest.approx(1.0)
+    # AR has no draft step; a method whose log had no timing line gets no ratio either.
+    assert s["ar"]["overall"]["draft_ms"] is None and s["ar"]["overall"]["draft_speedup"] is None
+    assert s["eagle3-static"]["overall"]["draft_speedup"] is None
+    assert "draft_ms" not in s["nanospec"]["a"]  # one server run per method: overall only
+    md = sb.markdown(s).splitlines()
+    assert "| **overall** | nanospec | 2 | 30 | 15.00 | 2.00x | 3.33 | 300 | yes | 40.00 | 3.00x |" in md
+    assert "| **overall** | ar | 2 | 30 | 7.50 | 1.00x | - | - | yes | - | - |" in md
+    assert "| a | nanospec | 1 | 10 | 10.00 | 2.00x | 2.50 | 200 | yes | - | - |" in md
+
+
+def test_without_an_eagle3_run_there_is_no_draft_speedup():
+    s = sb.summarize([TIMED_RUNS[0], TIMED_RUNS[1]])
+    assert s["nanospec"]["overall"]["draft_ms"] == 40.0 and "draft_speedup" not in s["nanospec"]["overall"]
+    assert "| **overall** | nanospec | 2 | 30 | 15.00 | 2.00x | 3.33 | 300 | yes | 40.00 | - |" in (
+        sb.markdown(s).splitlines())
+
+
+def test_json_keeps_each_methods_draft_step_time(tmp_path):
+    s = sb.summarize(TIMED_RUNS)
+    paths = sb.write_results(s, TIMED_RUNS, {"target": "/m/tiny", "questions": "2 questions"}, tmp_path)
+    data = json.loads(paths[0].read_text())
+    assert data["summary"]["nanospec"]["overall"]["draft_speedup"] == pytest.approx(3.0)
+    assert [r["draft_ms"] for r in data["runs"]] == [None, 40.0, 120.0, None]
+
+
+# -- static top-N head chosen from the prompts ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pair")
+    target = make_tiny_llama(root / "run" / "target", vocab_size=512)
+    return target, make_tiny_eagle3_draft(root / "run" / "final", target)
+
+
+def test_top_ids_force_eos_then_take_the_most_counted_then_the_lowest_ids():
+    counts = torch.tensor([0, 5, 5, 0, 1, 9])
+    assert sb.top_ids(counts, 3, forced=[3]).tolist() == [1, 3, 5]
+    assert sb.top_ids(counts, 5, forced=[]).tolist() == [0, 1, 2, 4, 5]  # unseen 0 before unseen 3
+    assert sb.top_ids(counts, 6, forced=[99]).tolist() == list(range(6))  # out-of-range ids are ignored
+
+
+def test_prompt_static_draft_keeps_the_prompts_most_frequent_tokens(tiny_pair, tmp_path):
+    from transformers import AutoTokenizer
+
+    target, draft = tiny_pair
+
+    tok = AutoTokenizer.from_pretrained(target)
+    counts = sb.prompt_token_counts(tok, QUESTIONS, max_turns=2, vocab_size=512)
+    assert counts.shape == (512,) and int(counts.sum()) == sum(
+        len(sb.render(tok, [t], [])) for q in QUESTIONS for t in q["turns"])
+    out = sb.prompt_static_draft(draft, 64, tmp_path / "s", counts)
+    w, full = load_file(str(out / "model.safetensors")), load_file(str(draft / "model.safetensors"))
+    hot = w["d2t"] + torch.arange(64)  # d2t: kept id minus draft id, SGLang's format
+    assert w["d2t"].shape == (64,) and w["lm_head.weight"].shape == (64, full["lm_head.weight"].shape[1])
+    assert torch.equal(w["lm_head.weight"], full["lm_head.weight"][hot])
+    assert w["t2d"].shape == (512,) and w["t2d"].sum() == 64 and bool(w["t2d"][hot].all())
+    assert torch.equal(w["fc.weight"], full["fc.weight"])  # everything but the head is the draft's
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == 64 and cfg["vocab_size"] == 512
+    assert set(torch.nonzero(counts).flatten().tolist()) <= set(hot.tolist())  # every prompt token
+    assert tok.eos_token_id in hot.tolist() and (out / "tokenizer.json").is_file()
+
+
+def test_static_head_comes_from_the_prompts_when_the_draft_has_no_token_counts(tiny_pair, tmp_path):
+    from transformers import AutoTokenizer
+
+    target, draft = tiny_pair
+    a = sb.parse_args(["--target", str(target), "--draft", str(draft), "--static-top-n", "100000"])
+    path, how = sb.choose_static_draft(a, AutoTokenizer.from_pretrained(target), QUESTIONS, tmp_path)
+    assert path == tmp_path / "draft_static_top512_prompts"  # N capped at V
+    assert "own prompts" in how and "optimistic" in how
+    assert json.loads((path / "config.json").read_text())["draft_vocab_size"] == 512
+
+
+def test_static_head_uses_the_training_token_counts_when_the_run_has_them(tiny_pair, tmp_path, monkeypatch):
+    target, draft = tiny_pair
+    assert sb.find_token_counts(draft, None) is None
+    counts = draft.parent / "token_counts.safetensors"
+    counts.write_bytes(b"")  # only its presence matters here; train.export reads it
+    exported = []
+    monkeypatch.setattr(sb, "static_draft", lambda d, n, out, c: exported.append((d, n, c)) or out)
+    try:
+        assert sb.find_token_counts(draft, None) == counts
+        a = sb.parse_args(["--target", str(target), "--draft", str(draft), "--static-top-n", "64"])
+        path, how = sb.choose_static_draft(a, None, QUESTIONS, tmp_path)
+    finally:
+        counts.unlink()
+    assert exported == [(draft, 64, str(counts))] and path == tmp_path / "draft_static_top64"
+    assert "training tokens" in how
+    with pytest.raises(SystemExit, match="not found"):
+        sb.find_token_counts(draft, str(tmp_path / "nope.safetensors"))
+
+
+# -- --make-tiny ----------------------------------------------------------------------------------------
+
+def test_make_tiny_replaces_target_and_draft(tmp_path):
+    a = sb.parse_args(["--make-tiny", str(tmp_path / "tiny")])
+    assert a.make_tiny == tmp_path / "tiny" and (a.vocab, a.hidden) == (32768, 512)
+    assert a.target is None and a.draft is None and "nanospec" in a.methods  # no --draft needed
+    a = sb.parse_args(["--make-tiny", "d", "--vocab", "1000", "--hidden", "64", "--methods", "eagle3"])
+    assert (a.vocab, a.hidden, a.methods) == (1000, 64, ["eagle3"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--make-tiny", "d", "--target", "m"], "leave out --target"),
+    (["--make-tiny", "d", "--draft", "x"], "leave out --target"),
+    (["--make-tiny", "d", "--vocab", "100"], "--vocab"),
+    (["--make-tiny", "d", "--hidden", "100"], "--hidden"),
+    ([], "--make-tiny DIR"),
+])
+def test_bad_make_tiny_command_lines_are_rejected(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        sb.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_make_tiny_models_are_built_once_and_reused(tmp_path):
+    from nanospec.bench.tiny import make_tiny
+
+    target, draft = make_tiny(tmp_path, 512, 64)
+    assert json.loads((target / "config.json").read_text())["num_attention_heads"] == 8
+    assert json.loads((draft / "config.json").read_text())["draft_vocab_size"] == 512
+    stamp = (draft / "model.safetensors").stat().st_mtime_ns
+    assert make_tiny(tmp_path, 512, 64) == (target, draft)
+    assert (draft / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_make_tiny_run_benchmarks_the_tiny_pair_and_says_how_the_static_head_was_chosen(
+        tmp_path, qfile, monkeypatch, capsys):
+    calls = []
+
+    def fake_run_method(method, target, base_args, env, tokenizer, questions, *rest):
+        calls.append((method, target))
+        ms = {"eagle3": 90.0, "eagle3-static": 60.0, "nanospec": 30.0}.get(method.name)
+        records = [rec(q["question_id"], q["category"], 1, 8, 1.0, [1] * 8, None if ms is None else 4)
+                   for q in questions]
+        return {"method": method.name, "startup_s": 0.0, "draft_ms": ms, "records": records}
+
+    monkeypatch.setattr(sb, "run_method", fake_run_method)
+    monkeypatch.setattr(sb, "stop_on_sigterm", lambda: None)  # leave pytest's SIGTERM handling alone
+    out = tmp_path / "out"
+    assert sb.main(["--make-tiny", str(tmp_path / "tiny"), "--vocab", "512", "--hidden", "64",
+                    "--questions", str(qfile), "--max-turns", "1", "--static-top-n", "64",
+                    "--out", str(out)]) == 0
+    target, draft = tmp_path / "tiny" / "target", tmp_path / "tiny" / "draft"
+    assert [(m.name, t) for m, t in calls] == [(n, str(target)) for n in sb.DEFAULT_METHODS.split(",")]
+    assert calls[1][0].args[3] == str(draft)
+    assert calls[2][0].args[3] == str(out / "work" / "draft_static_top64_prompts")
+    meta = json.loads((out / "specbench.json").read_text())["meta"]
+    assert meta["make_tiny"] == {"dir": str(tmp_path / "tiny"), "vocab": 512, "hidden": 64}
+    assert "own prompts" in meta["static_head"] and meta["draft"] == str(draft)
+    printed = capsys.readouterr().out
+    assert "eagle3-static: static top-64 head chosen from the benchmark's own prompts" in printed
+    assert "| **overall** | nanospec |" in printed and "| 30.00 | 3.00x |" in printed
+    assert "draft step 30.00 ms" in printed
+

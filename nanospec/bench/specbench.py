@@ -3,25 +3,36 @@
 For each method in turn it starts a real SGLang server (start, warm up, measure, stop), answers every
 question of a Spec-Bench-format jsonl file (``{"question_id", "category", "turns": [...]}``) one request
 at a time, greedy, multi-turn as Spec-Bench does (turn 2's prompt holds turn 1's question and this
-method's own answer, rendered with the target's chat template), and reports per method and category:
-output tokens/s end to end (client wall time), speed-up over AR, mean accepted tokens per verify step
-(``completion_tokens / spec_verify_ct`` from SGLang's ``meta_info``), mean active draft vocabulary
-(``nanospec_mean_active_vocab``), and whether every output equals AR's token for token.
+method's own answer, rendered with the target's chat template, or as plain "User:/Assistant:" text when
+the target has none), and reports per method and category: output tokens/s end to end (client wall
+time), speed-up over AR, mean accepted tokens per verify step (``completion_tokens / spec_verify_ct``
+from SGLang's ``meta_info``), mean active draft vocabulary (``nanospec_mean_active_vocab``), and whether
+every output equals AR's token for token; per method overall also the mean draft step time (SGLang's
+``EagleDraftWorker.draft``, timed inside each speculative server run with ``NANOSPEC_TIME_DRAFT=1``: the
+last ``NANOSPEC timing`` line of its log, a mean over all its draft calls, warm-up included) and, when
+EAGLE3 ran, the draft step speed-up over EAGLE3's (EAGLE3's draft step time / this method's).
 
     python -m nanospec.bench.specbench --target smollm2-135m --draft runs/smol/final \\
         --questions ../shared/data/mt_bench/question.jsonl --per-category 1 --max-new-tokens 128 \\
         --out docs/results/specbench
+    # tiny random models (V = 32768, d = 512) built in DIR and used as --target / --draft:
+    python -m nanospec.bench.specbench --make-tiny /tmp/nanospec_tiny --vocab 32768 --hidden 512 \\
+        --methods eagle3,nanospec --max-turns 1 --num-questions 3 --max-new-tokens 48 --ignore-eos
 
 Writes ``specbench.json`` (summary and every request), ``specbench.md`` and ``specbench.png`` to --out,
 and the server logs and static draft to ``--work-dir`` (default OUT/work). The static head comes from
 ``python -m train.export --top-n N`` (FR-Spec-style: the N most frequent training tokens) unless
-``--static-draft`` names one.
+``--static-draft`` names one; a draft with no training token counts (e.g. a --make-tiny one) gets the N
+most frequent tokens of the benchmark's own prompts instead (then the lowest ids), an optimistic choice
+for the static baseline that the output says.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,6 +50,12 @@ DEFAULT_METHODS = "ar,eagle3,eagle3-static,nanospec"
 ABLATION_ENV = {"nanospec": {}, "nanospec-context": {"NANOSPEC_SOURCES": "context"},
                 "nanospec-extension": {"NANOSPEC_SOURCES": "extension"},
                 "nanospec-indexed": {"NANOSPEC_GATHER": "indexed"}}
+# Every speculative server times its draft step (the plugin's DraftTimer, loaded for EAGLE3 runs too).
+TIME_DRAFT_ENV = {"NANOSPEC_TIME_DRAFT": "1"}
+TIMING_RE = re.compile(r"NANOSPEC timing: draft step ([0-9.]+) ms mean over (\d+) calls")
+PROMPT_HEAD_NOTE = ("static top-{n} head chosen from the benchmark's own prompts (their most frequent "
+                    "tokens, then the lowest ids) as the draft has no training token counts: an optimistic "
+                    "choice for the static baseline")
 
 
 @dataclass
@@ -140,14 +157,25 @@ def run_method(method: Method, target: str, base_args: list[str], env: dict[str,
         srv.generate(render(tokenizer, questions[0]["turns"], []), 8)
         records = answer_all(lambda ids: srv.generate(ids, max_new_tokens, ignore_eos), tokenizer,
                              questions, max_new_tokens, max_turns)
-    return {"method": method.name, "startup_s": started, "records": records}
+    # AR has no draft step; a speculative server that never reached 10 draft calls logged no mean.
+    draft_ms = draft_ms_from_log(log.read_text(errors="replace")) if method.name != "ar" else None
+    return {"method": method.name, "startup_s": started, "draft_ms": draft_ms, "records": records}
+
+
+def draft_ms_from_log(text: str) -> float | None:
+    """The last ``NANOSPEC timing: draft step X ms mean over N calls`` value in a server log (a running
+    mean, so the last one covers the most calls), or None when there is none."""
+    found = TIMING_RE.findall(text)
+    return float(found[-1][0]) if found else None
 
 
 # -- metrics ------------------------------------------------------------------------------------------
 
-def summarize(runs: list[dict], ref: str = "ar") -> dict:
+def summarize(runs: list[dict], ref: str = "ar", draft_ref: str = "eagle3") -> dict:
     """Per method and category (plus "overall"): tokens, wall time, tok/s, speed-up over ``ref``, mean
-    accepted tokens per verify step, mean active vocabulary, and output equality with ``ref``."""
+    accepted tokens per verify step, mean active vocabulary, and output equality with ``ref``; "overall"
+    also holds the method's ``draft_ms`` (None for AR or when its log had no timing) and, when
+    ``draft_ref`` ran, ``draft_speedup`` = ``draft_ref``'s draft_ms / this method's."""
     by_name = {r["method"]: r for r in runs}
     ref_out = ({(x["question_id"], x["turn"]): x["output_ids"] for x in by_name[ref]["records"]}
                if ref in by_name else None)
@@ -163,6 +191,13 @@ def summarize(runs: list[dict], ref: str = "ar") -> dict:
             for cat, s in cats.items():
                 base = out[ref].get(cat, {}).get("tok_s")
                 s["speedup"] = s["tok_s"] / base if base else None
+    ref_ms = by_name[draft_ref].get("draft_ms") if draft_ref in by_name else None
+    for run in runs:
+        overall = out[run["method"]]["overall"]
+        overall["draft_ms"] = run.get("draft_ms")
+        if draft_ref in by_name:
+            ms = overall["draft_ms"]
+            overall["draft_speedup"] = ref_ms / ms if ref_ms and ms else None
     return out
 
 
@@ -182,15 +217,16 @@ def _stats(xs: list[dict], ref_out: dict | None) -> dict:
             "equal_ar": equal, "mismatches": mismatches if ref_out is not None else None}
 
 
-def _fmt(v, spec: str, none: str = "-") -> str:
-    return none if v is None else format(v, spec)
+def _fmt(v, spec: str, suffix: str = "", none: str = "-") -> str:
+    return none if v is None else format(v, spec) + suffix
 
 
-def markdown(summary: dict) -> str:
+def markdown(summary: dict, notes: list[str] | tuple[str, ...] = ()) -> str:
     cats = list(next(iter(summary.values())).keys())
     cats = [c for c in cats if c != "overall"] + ["overall"]
     lines = ["| category | method | requests | tokens | tok/s | speed-up vs AR | accepted / step | "
-             "mean active vocab | = AR |", "|---|---|---|---|---|---|---|---|---|"]
+             "mean active vocab | = AR | draft step ms | draft step speed-up vs EAGLE3 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for cat in cats:
         for method, per in summary.items():
             s = per.get(cat)
@@ -198,10 +234,12 @@ def markdown(summary: dict) -> str:
                 continue
             eq = "-" if s["equal_ar"] is None else ("yes" if s["equal_ar"] else f"no ({s['mismatches']})")
             name = f"**{cat}**" if cat == "overall" else cat
+            # Draft step time is per method (one server run), so only the overall rows carry it.
             lines.append(f"| {name} | {method} | {s['requests']} | {s['tokens']} | {s['tok_s']:.2f} | "
-                         f"{_fmt(s.get('speedup'), '.2f')}x | {_fmt(s['accept'], '.2f')} | "
-                         f"{_fmt(s['active_vocab'], '.0f')} | {eq} |")
-    return "\n".join(lines) + "\n"
+                         f"{_fmt(s.get('speedup'), '.2f', 'x')} | {_fmt(s['accept'], '.2f')} | "
+                         f"{_fmt(s['active_vocab'], '.0f')} | {eq} | {_fmt(s.get('draft_ms'), '.2f')} | "
+                         f"{_fmt(s.get('draft_speedup'), '.2f', 'x')} |")
+    return "\n".join(lines + ([""] + [f"- {n}" for n in notes] if notes else [])) + "\n"
 
 
 def plot(summary: dict, path: Path, title: str = "") -> Path:
@@ -234,7 +272,8 @@ def write_results(summary: dict, runs: list[dict], meta: dict, out: Path) -> lis
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "specbench.json", out / "specbench.md", out / "specbench.png"]
     paths[0].write_text(json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1))
-    paths[1].write_text(markdown(summary))
+    notes = [f"eagle3-static: {meta['static_head']}"] if meta.get("static_head") else []
+    paths[1].write_text(markdown(summary, notes))
     plot(summary, paths[2], f"{Path(meta['target']).name}, {meta['questions']}")
     return paths
 
@@ -259,6 +298,85 @@ def static_draft(draft: Path, top_n: int, out: Path, token_counts: str | None) -
     return out
 
 
+def find_token_counts(draft: Path, given: str | None) -> Path | None:
+    """Training token counts for the static export: ``given``, else ``token_counts.safetensors`` where
+    train.export looks (the parent of RUN/final, the grandparent of RUN/checkpoints/step_N), else None."""
+    if given:
+        if not Path(given).is_file():
+            raise SystemExit(f"--token-counts {given} not found")
+        return Path(given)
+    near = [d / "token_counts.safetensors" for d in (draft.parent, draft.parent.parent)]
+    return next((c for c in near if c.is_file()), None)
+
+
+def prompt_token_counts(tokenizer, questions: list[dict], max_turns: int, vocab_size: int):
+    """(vocab_size,) int64 counts of each id in the benchmark's prompts: every turn sent, rendered as a
+    first-turn prompt so that the chat template's tokens count too."""
+    import torch
+
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for q in questions:
+        for turn in q["turns"][:max_turns]:
+            ids = torch.tensor(render(tokenizer, [turn], []), dtype=torch.long)
+            counts += torch.bincount(ids[ids < vocab_size], minlength=vocab_size)
+    return counts
+
+
+def top_ids(counts, n: int, forced: list[int]):
+    """(n,) ascending ids: ``forced`` ids, then the most counted, ties (and unseen ids) by lowest id."""
+    import torch
+
+    score = counts.double().clone()
+    score[[i for i in forced if 0 <= i < counts.numel()]] = float("inf")
+    # A stable sort keeps equal scores in id order, so ties go to the lowest ids.
+    order = torch.sort(score, descending=True, stable=True).indices[:n]
+    return torch.sort(order).values
+
+
+def prompt_static_draft(draft: Path, top_n: int, out: Path, counts) -> Path:
+    """FR-Spec-style copy of the full-vocabulary EAGLE-3 ``draft`` in ``out`` whose head keeps the
+    ``top_n`` ids of ``counts`` (V,) (EOS forced in, as train.export does): ``lm_head.weight`` [top_n, H],
+    ``d2t`` [top_n] (kept id minus draft id, SGLang's format), ``t2d`` [V] bool, and config
+    ``draft_vocab_size = top_n``."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    cfg = json.loads((draft / "config.json").read_text())
+    weights = load_file(str(draft / "model.safetensors"))
+    head = weights["lm_head.weight"]
+    if "d2t" in weights or head.shape[0] != counts.numel():
+        raise SystemExit(f"{draft} is not a full-vocabulary draft; give --static-draft DIR")
+    eos = cfg.get("eos_token_id")
+    hot = top_ids(counts, top_n, [] if eos is None else [eos] if isinstance(eos, int) else list(eos))
+    out.mkdir(parents=True, exist_ok=True)
+    for f in draft.iterdir():  # tokenizer files and anything else SGLang may read
+        if f.is_file() and f.name not in ("model.safetensors", "config.json"):
+            shutil.copy(f, out / f.name)
+    t2d = torch.zeros(head.shape[0], dtype=torch.bool)
+    t2d[hot] = True
+    weights.update({"lm_head.weight": head[hot].contiguous(), "d2t": hot - torch.arange(top_n), "t2d": t2d})
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps({**cfg, "draft_vocab_size": top_n}, indent=2))
+    return out
+
+
+def choose_static_draft(a: argparse.Namespace, tokenizer, questions: list[dict],
+                        work: Path) -> tuple[Path, str]:
+    """The eagle3-static draft and how its head was chosen (printed and kept in the JSON meta)."""
+    if a.static_draft:
+        return a.static_draft, "given (--static-draft)"
+    vocab = json.loads((a.draft / "config.json").read_text())["vocab_size"]
+    n = min(a.static_top_n, vocab)
+    exported = work / f"draft_static_top{n}"
+    counts = find_token_counts(a.draft, a.token_counts)
+    if counts is not None or (exported / "model.safetensors").is_file():
+        how = f"static top-{n} head of the most frequent training tokens (train.export, {counts or 'cached'})"
+        return static_draft(a.draft, n, exported, str(counts) if counts else None), how
+    counts = prompt_token_counts(tokenizer, questions, a.max_turns, vocab)
+    return prompt_static_draft(a.draft, n, work / f"draft_static_top{n}_prompts", counts), \
+        PROMPT_HEAD_NOTE.format(n=n)
+
+
 def make_methods(names: list[str], draft: Path | None, static: Path | None,
                  spec_args: list[str]) -> list[Method]:
     methods = []
@@ -268,8 +386,8 @@ def make_methods(names: list[str], draft: Path | None, static: Path | None,
             continue
         path = static if name == "eagle3-static" else draft
         algo = "EAGLE3" if name.startswith("eagle3") else "NANOSPEC"
-        methods.append(Method(name, ["--speculative-algorithm", algo, "--speculative-draft-model-path",
-                                     str(path), *spec_args], ABLATION_ENV.get(name, {})))
+        args = ["--speculative-algorithm", algo, "--speculative-draft-model-path", str(path), *spec_args]
+        methods.append(Method(name, args, {**TIME_DRAFT_ENV, **ABLATION_ENV.get(name, {})}))
     return methods
 
 
@@ -283,8 +401,13 @@ def base_server_args(device: str, dtype: str, extra: str) -> list[str]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", required=True, help="model-zoo name (nanospec.models), directory or hub id")
+    ap.add_argument("--target", help="model-zoo name (nanospec.models), directory or hub id")
     ap.add_argument("--draft", type=Path, help="full-vocabulary EAGLE-3 draft directory")
+    ap.add_argument("--make-tiny", type=Path, metavar="DIR",
+                    help="build a tiny random Llama target + EAGLE-3 draft in DIR (reused when already "
+                    "there) and use them as --target / --draft")
+    ap.add_argument("--vocab", type=int, default=32768, help="vocabulary size of the --make-tiny models")
+    ap.add_argument("--hidden", type=int, default=512, help="hidden size of the --make-tiny models")
     ap.add_argument("--static-draft", type=Path, help="static top-N draft (default: exported from --draft)")
     ap.add_argument("--static-top-n", type=int, default=32000, help="N of the static head (capped at V)")
     ap.add_argument("--token-counts", help="token_counts.safetensors for the static export "
@@ -312,6 +435,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [m for m in a.methods if m not in ALL_METHODS]
     if bad:
         ap.error(f"unknown method(s) {bad}; choose from {', '.join(ALL_METHODS)}")
+    if a.make_tiny:
+        if a.target or a.draft:
+            ap.error("--make-tiny builds the target and the draft: leave out --target and --draft")
+        if a.vocab < 300:
+            ap.error("--vocab must be at least 300 (the tiny tokenizer's 256 bytes, specials and merges)")
+        if a.hidden <= 0 or a.hidden % 8:
+            ap.error("--hidden must be a positive multiple of 8 (the tiny target has 8 attention heads)")
+        return a
+    if a.target is None:
+        ap.error("give --target (and --draft), or --make-tiny DIR")
     if any(m != "ar" for m in a.methods) and a.draft is None and not (
             set(a.methods) <= {"ar", "eagle3-static"} and a.static_draft):
         ap.error("speculative methods need --draft (a full-vocabulary EAGLE-3 draft directory)")
@@ -326,16 +459,22 @@ def run(a: argparse.Namespace, tokenizer=None) -> tuple[dict, list[dict], list[P
 
     questions = load_questions(find_questions(a.questions), a.num_questions, a.per_category,
                                a.categories.split(",") if a.categories else None)
+    if a.make_tiny:
+        from nanospec.bench.tiny import make_tiny
+
+        print(f"[specbench] tiny random target + EAGLE-3 draft (V={a.vocab}, d={a.hidden}) in {a.make_tiny}",
+              flush=True)
+        tiny_target, a.draft = make_tiny(a.make_tiny, a.vocab, a.hidden)
+        a.target = str(tiny_target)
     target = resolve(a.target)
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(target)
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = a.dtype or ("float32" if device == "cpu" else "auto")
-    static = a.static_draft
+    static, static_head = a.static_draft, None
     work = a.work_dir or a.out / "work"
-    if "eagle3-static" in a.methods and static is None:
-        vocab = json.loads((a.draft / "config.json").read_text())["vocab_size"]
-        n = min(a.static_top_n, vocab)
-        static = static_draft(a.draft, n, work / f"draft_static_top{n}", a.token_counts)
+    if "eagle3-static" in a.methods:
+        static, static_head = choose_static_draft(a, tokenizer, questions, work)
+        print(f"[specbench] eagle3-static: {static_head} ({static})", flush=True)
     spec = ["--speculative-num-steps", str(a.spec_steps), "--speculative-eagle-topk", str(a.spec_topk),
             "--speculative-num-draft-tokens", str(a.spec_draft_tokens)]
     env = {"OMP_NUM_THREADS": str(a.threads)} if a.threads else {}
@@ -346,12 +485,17 @@ def run(a: argparse.Namespace, tokenizer=None) -> tuple[dict, list[dict], list[P
                        a.max_new_tokens, a.max_turns, work / "logs", a.ignore_eos)
         tok = sum(x["completion_tokens"] for x in r["records"])
         wall = sum(x["wall_s"] for x in r["records"])
-        print(f"[specbench] {m.name}: {tok} tokens in {wall:.1f} s ({tok / wall:.2f} tok/s), "
+        draft = f", draft step {r['draft_ms']:.2f} ms" if r["draft_ms"] is not None else ""
+        print(f"[specbench] {m.name}: {tok} tokens in {wall:.1f} s ({tok / wall:.2f} tok/s){draft}, "
               f"server start {r['startup_s']:.0f} s", flush=True)
         runs.append(r)
     summary = summarize(runs)
-    meta = {"target": str(target), "draft": str(a.draft), "static_draft": str(static), "questions":
-            f"{len(questions)} questions x {a.max_turns} turns, {a.max_new_tokens} new tokens",
+    tiny = {"dir": str(a.make_tiny), "vocab": a.vocab, "hidden": a.hidden} if a.make_tiny else None
+    meta = {"target": str(target), "draft": str(a.draft), "static_draft": str(static),
+            "static_head": static_head, "make_tiny": tiny,
+            "draft_ms": "mean EagleDraftWorker.draft wall time per speculative server "
+                        "(NANOSPEC_TIME_DRAFT=1; its log's last running mean, warm-up included)",
+            "questions": f"{len(questions)} questions x {a.max_turns} turns, {a.max_new_tokens} new tokens",
             "methods": a.methods, "device": device, "dtype": dtype, "spec": spec, "threads": a.threads,
             "ignore_eos": a.ignore_eos, "argv": sys.argv[1:]}
     return summary, runs, write_results(summary, runs, meta, a.out)
@@ -365,8 +509,8 @@ def stop_on_sigterm() -> None:
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     stop_on_sigterm()
-    summary, _, paths = run(a)
-    print(markdown(summary))
+    _, _, paths = run(a)
+    print(paths[1].read_text())  # the Markdown table, with the static head's note
     print("wrote " + ", ".join(map(str, paths)))
     return 0
 
