@@ -170,9 +170,9 @@ def test_cpu_servers_run_float32_with_the_cpu_attention_backend():
 
 def test_draft_step_time_is_the_last_timing_line_of_the_server_log():
     log = ("[2026-11-30 05:00:00] Load weight end.\n"
-           "[2026-11-30 05:00:01 TP0] NANOSPEC timing: draft step 128.700 ms mean over 10 calls\n"
+           "[05:00:01 TP0] NANOSPEC timing: draft step 128.700 ms median, 140.100 ms mean over 10 calls\n"
            "[2026-11-30 05:00:02 TP0] Decode batch. #running-req: 1\n"
-           "[2026-11-30 05:00:03 TP0] NANOSPEC timing: draft step 96.310 ms mean over 20 calls\n"
+           "[05:00:03 TP0] NANOSPEC timing: draft step 96.310 ms median, 110.520 ms mean over 20 calls\n"
            "[2026-11-30 05:00:04] INFO: 127.0.0.1 - POST /generate 200 OK\n")
     assert sb.draft_ms_from_log(log) == pytest.approx(96.31)
     assert sb.draft_ms_from_log("Load weight end.\nDecode batch.\n") is None

@@ -7,9 +7,10 @@ method's own answer, rendered with the target's chat template, or as plain "User
 the target has none), and reports per method and category: output tokens/s end to end (client wall
 time), speed-up over AR, mean accepted tokens per verify step (``completion_tokens / spec_verify_ct``
 from SGLang's ``meta_info``), mean active draft vocabulary (``nanospec_mean_active_vocab``), and whether
-every output equals AR's token for token; per method overall also the mean draft step time (SGLang's
+every output equals AR's token for token; per method overall also the median draft step time (SGLang's
 ``EagleDraftWorker.draft``, timed inside each speculative server run with ``NANOSPEC_TIME_DRAFT=1``: the
-last ``NANOSPEC timing`` line of its log, a mean over all its draft calls, warm-up included) and, when
+last ``NANOSPEC timing`` line of its log, the median over all its draft calls, which one-off compiles in
+the first calls and load spikes on a shared host hardly move) and, when
 EAGLE3 ran, the draft step speed-up over EAGLE3's (EAGLE3's draft step time / this method's).
 
     python -m nanospec.bench.specbench --target smollm2-135m --draft runs/smol/final \\
@@ -52,7 +53,7 @@ ABLATION_ENV = {"nanospec": {}, "nanospec-context": {"NANOSPEC_SOURCES": "contex
                 "nanospec-indexed": {"NANOSPEC_GATHER": "indexed"}}
 # Every speculative server times its draft step (the plugin's DraftTimer, loaded for EAGLE3 runs too).
 TIME_DRAFT_ENV = {"NANOSPEC_TIME_DRAFT": "1"}
-TIMING_RE = re.compile(r"NANOSPEC timing: draft step ([0-9.]+) ms mean over (\d+) calls")
+TIMING_RE = re.compile(r"NANOSPEC timing: draft step ([0-9.]+) ms median, [0-9.]+ ms mean over (\d+) calls")
 PROMPT_HEAD_NOTE = ("static top-{n} head chosen from the benchmark's own prompts (their most frequent "
                     "tokens, then the lowest ids) as the draft has no training token counts: an optimistic "
                     "choice for the static baseline")
@@ -142,7 +143,8 @@ def answer_all(generate, tokenizer, questions: list[dict], max_new_tokens: int, 
                             "prompt_tokens": len(ids), "output_ids": list(r.get("output_ids") or []),
                             "completion_tokens": m["completion_tokens"], "wall_s": wall,
                             "verify_ct": m.get("spec_verify_ct"),
-                            "active_vocab": m.get("nanospec_mean_active_vocab"), "text": r["text"]})
+                            "active_vocab": m.get("nanospec_mean_active_vocab"),
+                            "hit_rate": m.get("nanospec_hit_rate"), "text": r["text"]})
     return records
 
 
@@ -157,14 +159,14 @@ def run_method(method: Method, target: str, base_args: list[str], env: dict[str,
         srv.generate(render(tokenizer, questions[0]["turns"], []), 8)
         records = answer_all(lambda ids: srv.generate(ids, max_new_tokens, ignore_eos), tokenizer,
                              questions, max_new_tokens, max_turns)
-    # AR has no draft step; a speculative server that never reached 10 draft calls logged no mean.
+    # AR has no draft step; a speculative server that never reached 10 draft calls logged no timing.
     draft_ms = draft_ms_from_log(log.read_text(errors="replace")) if method.name != "ar" else None
     return {"method": method.name, "startup_s": started, "draft_ms": draft_ms, "records": records}
 
 
 def draft_ms_from_log(text: str) -> float | None:
-    """The last ``NANOSPEC timing: draft step X ms mean over N calls`` value in a server log (a running
-    mean, so the last one covers the most calls), or None when there is none."""
+    """The median X of the last ``NANOSPEC timing: draft step X ms median, Y ms mean over N calls`` line
+    of a server log (running statistics, so the last line covers the most calls), or None."""
     found = TIMING_RE.findall(text)
     return float(found[-1][0]) if found else None
 
@@ -206,6 +208,10 @@ def _stats(xs: list[dict], ref_out: dict | None) -> dict:
     wall = sum(x["wall_s"] for x in xs)
     verify = [x for x in xs if x["verify_ct"]]
     vocab = [x["active_vocab"] for x in xs if x["active_vocab"] is not None]
+    # Hit rate: share of emitted tokens that were in the draft's vocabulary when drafted (the plugin's
+    # live coverage, draft-tree tokens included), weighted by each request's tokens.
+    hits = [x for x in xs if x.get("hit_rate") is not None]
+    hit_tokens = sum(x["completion_tokens"] for x in hits)
     accept = (sum(x["completion_tokens"] for x in verify) / sum(x["verify_ct"] for x in verify)
               if verify else None)
     equal = None
@@ -214,6 +220,8 @@ def _stats(xs: list[dict], ref_out: dict | None) -> dict:
         equal = mismatches == 0
     return {"requests": len(xs), "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall if wall else 0.0,
             "accept": accept, "active_vocab": sum(vocab) / len(vocab) if vocab else None,
+            "hit_rate": (sum(x["hit_rate"] * x["completion_tokens"] for x in hits) / hit_tokens
+                         if hit_tokens else None),
             "equal_ar": equal, "mismatches": mismatches if ref_out is not None else None}
 
 
