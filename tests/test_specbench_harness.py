@@ -48,10 +48,9 @@ def test_malformed_question_lines_are_clear_errors(tmp_path, line, message):
         sb.load_questions(p)
 
 
-def test_missing_question_file_asks_for_questions(tmp_path, monkeypatch):
+def test_missing_question_file_is_an_error_and_no_shared_file_means_the_packaged_one(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit, match="--questions"):
-        sb.find_questions(None)
+    assert sb.find_questions(None).name == "mt_bench.jsonl"  # nanospec/data's copy
     with pytest.raises(SystemExit, match="not found"):
         sb.find_questions(str(tmp_path / "nope.jsonl"))
 

@@ -42,7 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nanospec.bench.server import Server
+from nanospec.data import questions_path
 
+# Developer machines keep reading the shared copy; elsewhere the MT-bench file shipped in nanospec/data.
 DEFAULT_QUESTIONS = "../shared/data/mt_bench/question.jsonl"
 ALL_METHODS = ("ar", "eagle3", "eagle3-static", "nanospec", "nanospec-context", "nanospec-extension",
                "nanospec-indexed")
@@ -69,17 +71,14 @@ class Method:
 # -- questions and prompts ----------------------------------------------------------------------------
 
 def find_questions(path: str | None) -> Path:
-    """The question file: ``path`` if given, else the shared MT-bench file when it exists."""
+    """The question file: ``path`` if given, else the shared MT-bench file when it exists, else the
+    MT-bench questions shipped with the package."""
     if path:
         p = Path(path)
         if not p.is_file():
             raise SystemExit(f"question file not found: {p}")
         return p
-    p = Path(DEFAULT_QUESTIONS)
-    if not p.is_file():
-        raise SystemExit(f"no question file: {DEFAULT_QUESTIONS} does not exist here; "
-                         "pass --questions FILE (Spec-Bench jsonl: one {\"category\", \"turns\"} per line)")
-    return p
+    return questions_path(DEFAULT_QUESTIONS)
 
 
 def load_questions(path: str | Path, num_questions: int | None = None, per_category: int | None = None,
@@ -420,7 +419,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--static-top-n", type=int, default=32000, help="N of the static head (capped at V)")
     ap.add_argument("--token-counts", help="token_counts.safetensors for the static export "
                     "(default: the draft's run directory's)")
-    ap.add_argument("--questions", help=f"Spec-Bench jsonl (default: {DEFAULT_QUESTIONS} when present)")
+    ap.add_argument("--questions", help=f"Spec-Bench jsonl (default: {DEFAULT_QUESTIONS} when present, "
+                    "else the 80 MT-bench questions shipped in nanospec/data)")
     ap.add_argument("--num-questions", type=int)
     ap.add_argument("--per-category", type=int)
     ap.add_argument("--categories", help="comma-separated categories to keep")
