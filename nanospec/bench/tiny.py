@@ -1,4 +1,4 @@
-"""Tiny random models built locally: a byte-level BPE tokenizer, a random Llama and EAGLE-3 drafts.
+"""Tiny random models built locally: a byte-level BPE tokenizer, a random Llama, EAGLE-3 and EAGLE drafts.
 
 Nothing here downloads anything; every artefact is created from code and a built-in text. The serving
 benchmark uses them for ``python -m nanospec.bench.specbench --make-tiny DIR`` and the test suite (through
@@ -39,6 +39,22 @@ seed=0, agree=False) -> Path``
     applies the exact linear rotation that maps the Fourier features of token ``a`` to those of
     ``a + 1``; the draft's LM head is the target's. Every draft step thus advances one token, matching
     the target, and SGLang's accept length reaches the maximum.
+
+``make_tiny_eagle_draft(dir, target_dir, *, agree=False, seed=0) -> Path``
+    A full-vocabulary EAGLE(-2) draft for the model in ``target_dir``, in the layout of the original
+    EAGLE exports that SGLang 0.5.23 serves with ``--speculative-algorithm EAGLE``
+    (``srt/models/llama_eagle.py``): ``architectures = ["LlamaForCausalLMEagle"]``, ``fc`` (with bias)
+    over ``[token embedding, target last hidden state]`` (``2 * hidden -> hidden``), one decoder layer
+    ``layers.0.*`` without ``input_layernorm`` and no final norm. It has no LM head of its own: SGLang
+    binds the target's embedding and LM head to the draft (an ``lm_head.weight`` in the checkpoint would
+    be skipped), so ``tie_word_embeddings`` is false and a copy of the target's ``embed_tokens.weight``
+    is stored only as real exports do. The tokenizer is copied alongside.
+
+    ``agree=True`` (with an ``agree=True`` target) builds a draft whose greedy proposals always equal
+    the target's next tokens: ``fc`` keeps the token embedding and drops the target state, and the
+    attention and MLP outputs are zero, so the layer passes ``E[t]`` through and the target's LM head
+    scores ``t + 1``. Every weight that matters is zero or an identity, so a weight SGLang failed to
+    load would almost surely break the agreement (the accept length shows it).
 
 ``make_tiny(root, vocab_size, hidden) -> (target_dir, draft_dir)``
     The benchmark's pair: ``make_tiny_llama`` (8 heads, 4 KV heads, MLP width ``2 * hidden``) in
@@ -351,6 +367,86 @@ def make_tiny_eagle3_draft(
         "bos_token_id": tcfg.get("bos_token_id"),
         "eos_token_id": tcfg.get("eos_token_id"),
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids), "use_aux_hidden_state": True},
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        if (target_dir / name).exists():
+            shutil.copy(target_dir / name, out / name)
+    return out
+
+
+def make_tiny_eagle_draft(dir, target_dir, *, agree: bool = False, seed: int = 0) -> Path:
+    """Create and save a full-vocabulary EAGLE(-2) draft for the model in ``target_dir``; return the path."""
+    from safetensors.torch import load_file, save_file
+
+    out = Path(dir)
+    out.mkdir(parents=True, exist_ok=True)
+    target_dir = Path(target_dir)
+    tcfg = json.loads((target_dir / "config.json").read_text())
+    H = tcfg["hidden_size"]
+    inter = tcfg["intermediate_size"]
+    nh = tcfg["num_attention_heads"]
+    nkv = tcfg.get("num_key_value_heads", nh)
+    hd = tcfg.get("head_dim") or H // nh
+    rope = tcfg.get("rope_parameters") or {}
+    rope_theta = rope.get("rope_theta", tcfg.get("rope_theta", 10000.0))
+    # SGLang overwrites the draft's embedding with the target's; the copy only mirrors real exports.
+    embed = load_file(str(target_dir / "model.safetensors"))["model.embed_tokens.weight"]
+
+    g = torch.Generator().manual_seed(30_000 + seed)
+
+    def lin(o, i):
+        return torch.randn(o, i, generator=g) / math.sqrt(i)
+
+    # Names as in EAGLE exports: no "model." prefix (llama_eagle.py adds it on load), layer 0
+    # without input_layernorm (the fc output feeds attention directly), no final norm, no lm_head.
+    sd = {
+        "embed_tokens.weight": embed,
+        "fc.weight": lin(H, 2 * H),
+        "fc.bias": torch.zeros(H),
+        "layers.0.post_attention_layernorm.weight": torch.ones(H),
+        "layers.0.self_attn.q_proj.weight": lin(nh * hd, H),
+        "layers.0.self_attn.k_proj.weight": lin(nkv * hd, H),
+        "layers.0.self_attn.v_proj.weight": lin(nkv * hd, H),
+        "layers.0.self_attn.o_proj.weight": lin(H, nh * hd),
+        "layers.0.mlp.gate_proj.weight": lin(inter, H),
+        "layers.0.mlp.up_proj.weight": lin(inter, H),
+        "layers.0.mlp.down_proj.weight": lin(H, inter),
+    }
+    if agree:
+        if not (target_dir / "nanospec_tiny.json").exists():
+            raise ValueError("agree=True needs a target made with make_tiny_llama(..., agree=True)")
+        # The draft reads [E[t], h] and must score t + 1 through the target's shift head, which is
+        # exactly what the head does with E[t] itself: pass the embedding through unchanged.
+        fc = torch.zeros(H, 2 * H)
+        fc[:, :H] = torch.eye(H)
+        sd.update({
+            "fc.weight": fc,
+            "layers.0.self_attn.o_proj.weight": torch.zeros(H, nh * hd),
+            "layers.0.mlp.down_proj.weight": torch.zeros(H, inter),
+        })
+    sd = {k: v.float().contiguous() for k, v in sd.items()}
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = {
+        "architectures": ["LlamaForCausalLMEagle"],
+        "model_type": "llama",
+        "hidden_size": H,
+        "intermediate_size": inter,
+        "num_attention_heads": nh,
+        "num_key_value_heads": nkv,
+        "head_dim": hd,
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        "max_position_embeddings": tcfg.get("max_position_embeddings", 4096),
+        "rms_norm_eps": tcfg.get("rms_norm_eps", 1e-6),
+        "rope_theta": rope_theta,
+        "vocab_size": tcfg["vocab_size"],
+        # Tied, the draft's lm_head would be its embedding module, to which SGLang could not bind the
+        # target's embedding and LM head (two tensors) separately.
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "bos_token_id": tcfg.get("bos_token_id"),
+        "eos_token_id": tcfg.get("eos_token_id"),
     }
     (out / "config.json").write_text(json.dumps(config, indent=2))
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):

@@ -5,8 +5,8 @@ uses them too) and are re-exported here; what only tests need stays here. Nothin
 
 API (kept stable; other test modules and train/ tests depend on it):
 
-``make_tokenizer``, ``make_tiny_llama``, ``make_tiny_eagle3_draft`` (and ``BOS``, ``EOS``, ``PAD``,
-``CHAT_TEMPLATE``, ``TRAINING_TEXT``)
+``make_tokenizer``, ``make_tiny_llama``, ``make_tiny_eagle3_draft``, ``make_tiny_eagle_draft`` (and ``BOS``,
+``EOS``, ``PAD``, ``CHAT_TEMPLATE``, ``TRAINING_TEXT``)
     From ``nanospec.bench.tiny``; see its docstring for the models they build.
 
 ``agree_next_token(token_id, vocab_size) -> int``
@@ -32,6 +32,7 @@ from nanospec.bench.tiny import (  # noqa: F401  (re-exported for the test modul
     PAD,
     TRAINING_TEXT,
     make_tiny_eagle3_draft,
+    make_tiny_eagle_draft,
     make_tiny_llama,
     make_tokenizer,
 )
