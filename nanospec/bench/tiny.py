@@ -274,7 +274,6 @@ def make_tiny_eagle3_draft(
     layer_ids: list[int] | None = None,
 ) -> Path:
     """Create and save a full-vocabulary EAGLE-3 draft for the model in ``target_dir``; return the path."""
-    from safetensors.torch import save_file
 
     out = Path(dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -292,8 +291,6 @@ def make_tiny_eagle3_draft(
             raise ValueError("the target needs at least 3 layers for a 3-layer EAGLE-3 fusion")
         layer_ids = [-1, L // 2 - 1, L - 2]
     n_aux = len(layer_ids)
-    rope = tcfg.get("rope_parameters") or {}
-    rope_theta = rope.get("rope_theta", tcfg.get("rope_theta", 10000.0))
 
     g = torch.Generator().manual_seed(20_000 + seed)
 
@@ -344,40 +341,18 @@ def make_tiny_eagle3_draft(
                 "lm_head.weight": _shift_head(emb, 4.0),
             }
         )
-    sd = {k: v.float().contiguous() for k, v in sd.items()}
-    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": H,
-        "intermediate_size": inter,
-        "num_attention_heads": nh,
-        "num_key_value_heads": nkv,
-        "head_dim": hd,
-        "num_hidden_layers": 1,
-        "hidden_act": "silu",
-        "max_position_embeddings": tcfg.get("max_position_embeddings", 4096),
-        "rms_norm_eps": tcfg.get("rms_norm_eps", 1e-6),
-        "rope_theta": rope_theta,
-        "vocab_size": V,
+        **_one_layer_config(tcfg, "LlamaForCausalLMEagle3"),
         "draft_vocab_size": V,
         "target_hidden_size": H,
-        "tie_word_embeddings": False,
-        "torch_dtype": "float32",
-        "bos_token_id": tcfg.get("bos_token_id"),
-        "eos_token_id": tcfg.get("eos_token_id"),
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids), "use_aux_hidden_state": True},
     }
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
-        if (target_dir / name).exists():
-            shutil.copy(target_dir / name, out / name)
-    return out
+    return _save_draft(out, target_dir, sd, config)
 
 
 def make_tiny_eagle_draft(dir, target_dir, *, agree: bool = False, seed: int = 0) -> Path:
     """Create and save a full-vocabulary EAGLE(-2) draft for the model in ``target_dir``; return the path."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     out = Path(dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -388,8 +363,6 @@ def make_tiny_eagle_draft(dir, target_dir, *, agree: bool = False, seed: int = 0
     nh = tcfg["num_attention_heads"]
     nkv = tcfg.get("num_key_value_heads", nh)
     hd = tcfg.get("head_dim") or H // nh
-    rope = tcfg.get("rope_parameters") or {}
-    rope_theta = rope.get("rope_theta", tcfg.get("rope_theta", 10000.0))
     # SGLang overwrites the draft's embedding with the target's; the copy only mirrors real exports.
     embed = load_file(str(target_dir / "model.safetensors"))["model.embed_tokens.weight"]
 
@@ -425,29 +398,43 @@ def make_tiny_eagle_draft(dir, target_dir, *, agree: bool = False, seed: int = 0
             "layers.0.self_attn.o_proj.weight": torch.zeros(H, nh * hd),
             "layers.0.mlp.down_proj.weight": torch.zeros(H, inter),
         })
-    sd = {k: v.float().contiguous() for k, v in sd.items()}
-    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = {
-        "architectures": ["LlamaForCausalLMEagle"],
+    # Not tied (see _one_layer_config): tied, the draft's lm_head would be its embedding module, to which
+    # SGLang could not bind the target's embedding and LM head (two tensors) separately.
+    return _save_draft(out, target_dir, sd, _one_layer_config(tcfg, "LlamaForCausalLMEagle"))
+
+
+def _one_layer_config(tcfg: dict, architecture: str) -> dict:
+    """config.json fields of a one-layer Llama draft that SGLang loads as ``architecture``, with the
+    target's (config ``tcfg``) shapes, RoPE, norm epsilon and special tokens; its own head, not tied."""
+    nh = tcfg["num_attention_heads"]
+    rope = tcfg.get("rope_parameters") or {}
+    return {
+        "architectures": [architecture],
         "model_type": "llama",
-        "hidden_size": H,
-        "intermediate_size": inter,
+        "hidden_size": tcfg["hidden_size"],
+        "intermediate_size": tcfg["intermediate_size"],
         "num_attention_heads": nh,
-        "num_key_value_heads": nkv,
-        "head_dim": hd,
+        "num_key_value_heads": tcfg.get("num_key_value_heads", nh),
+        "head_dim": tcfg.get("head_dim") or tcfg["hidden_size"] // nh,
         "num_hidden_layers": 1,
         "hidden_act": "silu",
         "max_position_embeddings": tcfg.get("max_position_embeddings", 4096),
         "rms_norm_eps": tcfg.get("rms_norm_eps", 1e-6),
-        "rope_theta": rope_theta,
+        "rope_theta": rope.get("rope_theta", tcfg.get("rope_theta", 10000.0)),
         "vocab_size": tcfg["vocab_size"],
-        # Tied, the draft's lm_head would be its embedding module, to which SGLang could not bind the
-        # target's embedding and LM head (two tensors) separately.
         "tie_word_embeddings": False,
         "torch_dtype": "float32",
         "bos_token_id": tcfg.get("bos_token_id"),
         "eos_token_id": tcfg.get("eos_token_id"),
     }
+
+
+def _save_draft(out: Path, target_dir: Path, sd: dict, config: dict) -> Path:
+    """Write a draft directory: float32 ``sd`` as model.safetensors, ``config``, the target's tokenizer."""
+    from safetensors.torch import save_file
+
+    sd = {k: v.float().contiguous() for k, v in sd.items()}
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
         if (target_dir / name).exists():
