@@ -501,8 +501,8 @@ def run(a: argparse.Namespace, tokenizer=None) -> tuple[dict, list[dict], list[P
     tiny = {"dir": str(a.make_tiny), "vocab": a.vocab, "hidden": a.hidden} if a.make_tiny else None
     meta = {"target": str(target), "draft": str(a.draft), "static_draft": str(static),
             "static_head": static_head, "make_tiny": tiny,
-            "draft_ms": "mean EagleDraftWorker.draft wall time per speculative server "
-                        "(NANOSPEC_TIME_DRAFT=1; its log's last running mean, warm-up included)",
+            "draft_ms": "median EagleDraftWorker.draft wall time per speculative server "
+                        "(NANOSPEC_TIME_DRAFT=1; over all its draft calls, from its log's last timing line)",
             "questions": f"{len(questions)} questions x {a.max_turns} turns, {a.max_new_tokens} new tokens",
             "methods": a.methods, "device": device, "dtype": dtype, "spec": spec, "threads": a.threads,
             "ignore_eos": a.ignore_eos, "argv": sys.argv[1:]}
