@@ -280,11 +280,7 @@ def make_tiny_eagle3_draft(
     target_dir = Path(target_dir)
     tcfg = json.loads((target_dir / "config.json").read_text())
     V = tcfg["vocab_size"]
-    H = tcfg["hidden_size"]
-    inter = tcfg["intermediate_size"]
-    nh = tcfg["num_attention_heads"]
-    nkv = tcfg.get("num_key_value_heads", nh)
-    hd = tcfg.get("head_dim") or H // nh
+    H, inter, nh, nkv, hd = _shapes(tcfg)
     L = tcfg["num_hidden_layers"]
     if layer_ids is None:
         if L < 3:
@@ -358,11 +354,7 @@ def make_tiny_eagle_draft(dir, target_dir, *, agree: bool = False, seed: int = 0
     out.mkdir(parents=True, exist_ok=True)
     target_dir = Path(target_dir)
     tcfg = json.loads((target_dir / "config.json").read_text())
-    H = tcfg["hidden_size"]
-    inter = tcfg["intermediate_size"]
-    nh = tcfg["num_attention_heads"]
-    nkv = tcfg.get("num_key_value_heads", nh)
-    hd = tcfg.get("head_dim") or H // nh
+    H, inter, nh, nkv, hd = _shapes(tcfg)
     # SGLang overwrites the draft's embedding with the target's; the copy only mirrors real exports.
     embed = load_file(str(target_dir / "model.safetensors"))["model.embed_tokens.weight"]
 
@@ -403,19 +395,26 @@ def make_tiny_eagle_draft(dir, target_dir, *, agree: bool = False, seed: int = 0
     return _save_draft(out, target_dir, sd, _one_layer_config(tcfg, "LlamaForCausalLMEagle"))
 
 
+def _shapes(tcfg: dict) -> tuple[int, int, int, int, int]:
+    """(hidden, intermediate, heads, kv heads, head dim) of a target config, which its drafts share."""
+    hidden, nh = tcfg["hidden_size"], tcfg["num_attention_heads"]
+    return (hidden, tcfg["intermediate_size"], nh, tcfg.get("num_key_value_heads", nh),
+            tcfg.get("head_dim") or hidden // nh)
+
+
 def _one_layer_config(tcfg: dict, architecture: str) -> dict:
     """config.json fields of a one-layer Llama draft that SGLang loads as ``architecture``, with the
     target's (config ``tcfg``) shapes, RoPE, norm epsilon and special tokens; its own head, not tied."""
-    nh = tcfg["num_attention_heads"]
+    hidden, inter, nh, nkv, hd = _shapes(tcfg)
     rope = tcfg.get("rope_parameters") or {}
     return {
         "architectures": [architecture],
         "model_type": "llama",
-        "hidden_size": tcfg["hidden_size"],
-        "intermediate_size": tcfg["intermediate_size"],
+        "hidden_size": hidden,
+        "intermediate_size": inter,
         "num_attention_heads": nh,
-        "num_key_value_heads": tcfg.get("num_key_value_heads", nh),
-        "head_dim": tcfg.get("head_dim") or tcfg["hidden_size"] // nh,
+        "num_key_value_heads": nkv,
+        "head_dim": hd,
         "num_hidden_layers": 1,
         "hidden_act": "silu",
         "max_position_embeddings": tcfg.get("max_position_embeddings", 4096),
