@@ -32,6 +32,11 @@ def union_size(col_tok: torch.Tensor, vocab: int) -> torch.Tensor:
     return mark[:vocab].sum()
 
 
+def capturing(t: torch.Tensor) -> bool:
+    """Whether work on t's device is being recorded into a CUDA graph right now."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 class DraftHead:
     """Draft logits over each request's dynamic vocabulary.
 
@@ -57,12 +62,25 @@ class DraftHead:
         self.reqs: torch.Tensor | None = None
         self.columns: torch.Tensor | None = None
         self.calls = {"packed": 0, "union": 0, "full": 0}
+        self.capture_ratio: float | None = None  # union estimate when CUDA graphs were captured
         self.out_vocab = int(target_vocab) if self.hot is not None else self.vocab
 
-    def choose(self, batch: int, rows: int) -> str:
+    def choose(self, batch: int, rows: int, ratio: float | None = None) -> str:
+        """The head for ``batch`` requests and ``rows`` draft rows at the current union estimate (or
+        at the overlap ``ratio``)."""
         return choose_head(batch=batch, rows=rows, vocab=self.vocab, w_max=self.w_max, dim=self.dim,
                            elem=self.weight.element_size(),
-                           union_size=self.estimate.estimate(batch, self.w_max), forced=self.forced)
+                           union_size=self.estimate.estimate(batch, self.w_max, ratio), forced=self.forced)
+
+    def graph_is_current(self, batch: int, rows: int) -> bool:
+        """Whether a CUDA graph captured for this batch runs the head that ``choose`` picks now.
+
+        A graph keeps the head chosen when it was captured (with the union estimate of that moment);
+        once the measured overlap moves the choice, the caller runs the step eagerly instead.
+        """
+        if self.capture_ratio is None:
+            return True
+        return self.choose(batch, rows) == self.choose(batch, rows, self.capture_ratio)
 
     def logits(self, hidden: torch.Tensor, reqs: torch.Tensor) -> torch.Tensor:
         """Float32 logits [N, cols] of hidden [N, d] whose rows belong, N // B consecutive rows each,
@@ -75,6 +93,8 @@ class DraftHead:
             raise ValueError(f"draft head got {n} rows for {b} requests; expected a multiple")
         hidden = hidden.to(self.weight.dtype)
         kind = self.choose(b, n)
+        if capturing(hidden):
+            self.capture_ratio = self.estimate.ratio
         self.kind, self.reqs = kind, reqs
         self.calls[kind] += 1
         if kind == "packed":

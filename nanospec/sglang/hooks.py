@@ -24,11 +24,25 @@ def install_prefill_topk(proc, runtime: Runtime) -> None:
     def forward(input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs):
         fb = logits_metadata
         if isinstance(fb, ForwardBatch) and fb.forward_mode == ForwardMode.EXTEND:
+            real = hidden_states[: prompt_rows(fb, hidden_states.shape[0])]
             runtime.pending_topk = prefill_topk(
-                hidden_states, lambda h: proc._compute_lm_head(h, lm_head), proc.vocab_size, k)
+                real, lambda h: proc._compute_lm_head(h, lm_head), proc.vocab_size, k)
         return original(input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs)
 
     proc.forward = forward
+
+
+def prompt_rows(fb, rows: int) -> int:
+    """Rows of a prefill's hidden states [rows, d] that hold prompt tokens.
+
+    SGLang's prefill CUDA graph (on by default on CUDA) pads the token count up to a captured bucket
+    and hands the logits processor the padded hidden states; the padding rows sit at the end. The
+    real count is the batch's ``extend_num_tokens`` (or the sum of its host-side extend lengths).
+    """
+    n = getattr(fb, "extend_num_tokens", None)
+    if n is None and getattr(fb, "extend_seq_lens_cpu", None) is not None:
+        n = sum(int(x) for x in fb.extend_seq_lens_cpu)
+    return rows if n is None else min(int(n), rows)
 
 
 def install_draft_head(proc, runtime: Runtime) -> None:

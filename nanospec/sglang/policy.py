@@ -55,5 +55,7 @@ class UnionEstimate:
         if batch > 0 and union_size > 0:
             self.ratio = min(1.0, union_size / (batch * w_max))
 
-    def estimate(self, batch: int, w_max: int) -> int:
-        return max(1, int(self.ratio * batch * w_max + 0.5))
+    def estimate(self, batch: int, w_max: int, ratio: float | None = None) -> int:
+        """Union size of ``batch`` windows of ``w_max`` at the current ratio (or at ``ratio``)."""
+        r = self.ratio if ratio is None else ratio
+        return max(1, int(r * batch * w_max + 0.5))

@@ -10,6 +10,7 @@ scheduling, CUDA graphs) is inherited unchanged; NanoSpec adds four things:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -43,6 +44,21 @@ def reduced_vocab_map(hot: torch.Tensor | None, target_vocab: int) -> torch.Tens
     return hot
 
 
+@contextlib.contextmanager
+def graphs_unless_stale(worker, attr: str, head, batch: int, rows: int):
+    """Hide the graph runner ``worker.<attr>`` for one call when its graphs run another head than
+    the one ``head`` picks now for ``batch`` requests (SGLang then runs that call eagerly)."""
+    runner = getattr(worker, attr, None)
+    if runner is None or batch == 0 or head.graph_is_current(batch, rows):
+        yield
+        return
+    setattr(worker, attr, None)
+    try:
+        yield
+    finally:
+        setattr(worker, attr, runner)
+
+
 class NanoSpecDraftWorker(EagleDraftWorker):
     def init_lm_head(self) -> None:
         super().init_lm_head()
@@ -66,8 +82,24 @@ class NanoSpecDraftWorker(EagleDraftWorker):
 
     def draft_forward(self, forward_batch):
         self.hot_token_id.entry = True  # the incoming top-k come from draft-extend: vocabulary ids
-        self.nano.dv.wait_gathers()  # a replayed draft graph cannot wait for the side-stream gathers
         return super().draft_forward(forward_batch)
+
+    # The two entries of a decode step's draft work. Either may replay a CUDA graph, which never
+    # runs draft_forward or any other Python of ours, so both wait here for the side-stream gathers
+    # queued by after_verify, and both leave the graph out when it was captured with another head.
+
+    def draft(self, batch, **kwargs):
+        self.nano.dv.wait_gathers()
+        n = len(batch.seq_lens)
+        with graphs_unless_stale(self, "cuda_graph_runner", self.nano.head, n, n * self.topk):
+            return super().draft(batch, **kwargs)
+
+    def _draft_extend_for_decode(self, batch, batch_result, **kwargs):
+        self.nano.dv.wait_gathers()
+        n = len(batch.seq_lens)
+        with graphs_unless_stale(self, "cuda_graph_runner_for_draft_extend", self.nano.head, n,
+                                 n * self.speculative_num_draft_tokens):
+            return super()._draft_extend_for_decode(batch, batch_result, **kwargs)
 
     def _draft_extend_for_prefill(self, batch, target_hidden_states, next_token_ids,
                                   mm_input_embeds=None, kv_loc_plan=None):
