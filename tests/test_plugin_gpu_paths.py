@@ -206,3 +206,27 @@ def test_step_runs_eagerly_when_its_graph_holds_another_head(monkeypatch, entry,
     call(batch, *args)
     assert used[0] is not None and used[1] is None  # graph, then eager with the union head
     assert getattr(worker, runner) is used[0]  # the runner is back for the next step
+
+
+# -- 4. start-up ------------------------------------------------------------------------------------------
+
+def test_warm_up_runs_every_kernel_once_and_leaves_the_state_as_new(monkeypatch):
+    rt, fresh = _runtime(w_max=16, k_ver=2), _runtime(w_max=16, k_ver=2)
+    ops, ran = rt.dv.ops, set()
+
+    class Counting:
+        def __getattr__(self, name):
+            ran.add(name)
+            return getattr(ops, name)
+
+    monkeypatch.setattr(rt.dv, "ops", Counting())
+    monkeypatch.setattr(rt.dv.head, "ops", Counting())
+    rt.warm_up(tree_tokens=4, width=4)
+    assert {"extend", "gather", "logits"} <= ran
+    assert float(rt.stats.dev.abs().sum()) == 0.0 and rt.step == 0 and not rt.slot_rid
+    for r in (rt, fresh):
+        r.pending_topk = torch.tensor([[20, 22], [21, 20]])
+        r.start_batch(SimpleNamespace(reqs=[_req("a", [1, 2], 0)], prefix_lens=[0], extend_lens=[2]))
+    for name in ("col_of", "col_tok", "count", "ring", "stack", "nfree", "pos", "gathered"):
+        assert torch.equal(getattr(rt.dv.state, name), getattr(fresh.dv.state, name)), name
+    assert rt.starts == 1

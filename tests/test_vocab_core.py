@@ -234,3 +234,35 @@ def test_contains_reports_active_tokens_per_row():
     dv.wait_gathers()  # no side stream on the CPU: nothing to wait for
     got = dv.contains(torch.tensor([0, 1]), torch.tensor([[1, 4, -1, 25], [4, 1, 3, 19]]))
     assert got.tolist() == [[True, False, False, False], [True, False, False, False]]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_row_wider_than_the_free_window_of_a_short_stream_keeps_its_last_entries(backend: str):
+    # 2 entries, then 5 new ones into a window of 4: the window is the last 4 new ones. The first new
+    # entry is dropped within the step and never reaches the ring, so nothing may evict it.
+    dv = DynamicVocab(torch.randn(16, 4), 1, NanoSpecConfig(w_max=4), backend=backend)
+    dv.start(0, torch.tensor([1, 2]))
+    dv.extend(torch.tensor([0]), torch.tensor([[3, 4, 5, 6, 7]]), torch.ones(1, 5, dtype=torch.bool))
+    assert dv.active(0).tolist() == [4, 5, 6, 7]
+    assert int(dv.state.nfree[0]) == 0 and int(dv.state.count.min()) >= 0
+    assert sorted(dv.state.col_tok[0].tolist()) == [4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_short_streams_with_wide_rows_match_the_reference(backend: str):
+    rng = random.Random(11)
+    weight = torch.randn(64, 8)
+    for w_max in (3, 8, 20):
+        dv = DynamicVocab(weight, 2, NanoSpecConfig(w_max=w_max), backend=backend)
+        ref = ReferenceVocab(w_max)
+        for _ in range(30):
+            r = rng.randrange(2)
+            prompt = [rng.randrange(64) for _ in range(rng.randint(1, w_max))]
+            dv.start(r, torch.tensor(prompt))
+            ref.start(r, prompt, None)
+            width = rng.randint(w_max, 3 * w_max)
+            cands = [rng.randrange(64) for _ in range(width)]
+            dv.extend(torch.tensor([r]), torch.tensor([cands]), torch.ones(1, width, dtype=torch.bool))
+            ref.extend(r, cands, [True] * width)
+            assert dv.active(r).tolist() == ref.active(r)
+            assert int(dv.state.count[r].min()) >= 0 and 0 <= int(dv.state.nfree[r]) <= w_max

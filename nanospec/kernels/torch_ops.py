@@ -34,9 +34,12 @@ def extend(st: VocabState, reqs: torch.Tensor, cand: torch.Tensor, valid: torch.
     k = uniq.long().cumsum(-1) - 1  # position among the row's appended entries
     n = uniq.sum(-1, keepdim=True)
     kept = uniq & (k >= n - W)  # earlier entries of an over-long row are evicted within the step
-    t = st.pos[req] + k
+    pos0 = st.pos[req]
+    t = pos0 + k
     slot = t.remainder(W)
-    had_old = kept & (t >= W)
+    # The ring slot holds an entry (to evict) once written: all slots after W entries, else the first
+    # pos0. Not "t >= W": a row longer than the free slots drops its first entries in this step.
+    had_old = kept & ((pos0 >= W) | (slot < pos0))
     old_col = torch.where(had_old, st.ring[req, slot].long(), -1)
     cur_col = torch.where(kept, st.col_of[req, torch.where(kept, cand, 0)].long(), -1)
     active = kept & (cur_col >= 0)

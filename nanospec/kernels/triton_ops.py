@@ -31,9 +31,12 @@ def _extend_kernel(
     k = tl.cumsum(uniq.to(tl.int32), axis=0) - 1
     n = tl.sum(uniq.to(tl.int32), axis=0)
     kept = uniq & (k >= n - W)
-    t = tl.load(pos_ptr + req) + k
+    pos0 = tl.load(pos_ptr + req)
+    t = pos0 + k
     slot = t % W
-    had_old = kept & (t >= W)
+    # The ring slot holds an entry (to evict) once written: all slots after W entries, else the first
+    # pos0. Not "t >= W": a row longer than the free slots drops its first entries in this step.
+    had_old = kept & ((pos0 >= W) | (slot < pos0))
     row_w = req * W
     old_col = tl.load(ring_ptr + row_w + slot, mask=had_old, other=-1).to(tl.int32)
     old_col = tl.where(had_old, old_col, -1)

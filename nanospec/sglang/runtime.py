@@ -129,6 +129,25 @@ class Runtime:
             size = probe
         self._union_probe, self._union_batch = size, reqs.shape[0]
 
+    def warm_up(self, tree_tokens: int, width: int) -> None:
+        """Run every kernel of a request's life once on slot 0 (then free it), so that Triton
+        compiles at server start-up instead of inside the first decode steps. tree_tokens: T, the
+        draft tokens verified per request; width: S1, the longest accepted path."""
+        dev, k = self.device, self.cfg.k_pre
+        self.dv.start(0, torch.zeros(1, dtype=torch.long, device=dev),
+                      torch.zeros(1, k, dtype=torch.long, device=dev))
+        self.after_verify(reqs=torch.zeros(1, dtype=torch.long, device=dev),
+                          draft_tokens=torch.zeros(tree_tokens, dtype=torch.long, device=dev),
+                          accept_index=(torch.arange(width, device=dev) % tree_tokens)[None],
+                          accept_lens=torch.ones(1, dtype=torch.long, device=dev),
+                          predict=torch.zeros(tree_tokens, dtype=torch.long, device=dev),
+                          logits=torch.zeros(tree_tokens, self.target_vocab, device=dev))
+        self.dv.logits(torch.zeros(1, self.head.dim, dtype=self.head.weight.dtype, device=dev),
+                       torch.zeros(1, dtype=torch.long, device=dev))
+        self.dv.release(0)
+        self.stats.reset(0)
+        self.step = 0
+
     # -- request end --------------------------------------------------------------------------
 
     def release(self, slot: int) -> dict[str, float] | None:

@@ -69,6 +69,7 @@ class NanoSpecDraftWorker(EagleDraftWorker):
         hot = reduced_vocab_map(self.hot_token_id, target_vocab)
         slots = self.req_to_token_pool.req_to_token.shape[0]
         self.nano = Runtime(weight, slots, settings, hot=hot, target_vocab=target_vocab)
+        self.nano.warm_up(self.speculative_num_draft_tokens, self.speculative_num_steps + 1)
         hooks.install_draft_head(self.draft_runner.model.logits_processor, self.nano)
         hooks.install_prefill_topk(self.target_worker.model_runner.model.logits_processor, self.nano)
         hooks.install_release(self.req_to_token_pool, self.nano)
