@@ -48,9 +48,11 @@ def _attend(
 
     Rows with nothing visible (padding) come out as zeros."""
     if not (logit_cap and logit_cap > 0) and sinks is None:  # common case: one fused SDPA call
+        # An all-visible mask (one request's decode) is left out: SDPA is faster without one.
+        mask = None if visible.shape[0] == 1 and bool(visible.all()) else visible[:, None]
         out = torch.nn.functional.scaled_dot_product_attention(
             q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2),
-            attn_mask=visible[:, None], scale=sm_scale * k_scale, enable_gqa=True,
+            attn_mask=mask, scale=sm_scale * k_scale, enable_gqa=True,
         )  # fmt: skip
         out = out.transpose(1, 2)
         return out * v_scale if v_scale != 1.0 else out
@@ -106,11 +108,11 @@ def decode_attention_cpu(
     if sliding_window_size and sliding_window_size > 0:
         visible &= pos[None, :] >= (seq[:, None] - sliding_window_size)
     # Slots past a request's length are read but masked; req_to_token entries are valid pool indices.
-    slots = req_to_token.index_select(0, req_pool_indices.long())[:, :L].long()
-    out = _attend(
-        query[:, None], k_cache[slots], v_cache[slots], visible[:, None], sm_scale, k_scale, v_scale,
-        logit_cap, sinks,
-    )  # fmt: skip
+    # index_select on the flat slots: advanced indexing (k_cache[slots]) is ~3x slower on the CPU.
+    slots = req_to_token.index_select(0, req_pool_indices.long())[:, :L].reshape(-1).long()
+    keys = k_cache.index_select(0, slots).view(B, L, *k_cache.shape[1:])
+    vals = v_cache.index_select(0, slots).view(B, L, *v_cache.shape[1:])
+    out = _attend(query[:, None], keys, vals, visible[:, None], sm_scale, k_scale, v_scale, logit_cap, sinks)
     output.copy_(out[:, 0])
 
 

@@ -66,17 +66,21 @@ def timed(name: str, fn):
         finally:
             setattr(_DEPTH, name, depth)
             if depth == 0:
-                dt = time.perf_counter() - t0
-                with _LOCK:
-                    s = _STATS.setdefault(name, [0.0, 0])
-                    s[0] += dt
-                    s[1] += 1
-                    if not _FLUSHER:
-                        _FLUSHER.append(threading.Thread(target=_flush_loop, daemon=True))
-                        _FLUSHER[0].start()
-                _DIRTY.set()
+                record(name, time.perf_counter() - t0)
 
     return wrapper
+
+
+def record(name: str, seconds: float) -> None:
+    """Add one call of ``seconds`` to the totals of ``name``."""
+    with _LOCK:
+        s = _STATS.setdefault(name, [0.0, 0])
+        s[0] += seconds
+        s[1] += 1
+        if not _FLUSHER:
+            _FLUSHER.append(threading.Thread(target=_flush_loop, daemon=True))
+            _FLUSHER[0].start()
+    _DIRTY.set()
 
 
 if enabled():

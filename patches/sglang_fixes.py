@@ -104,7 +104,60 @@ def _fix_intel_amx_backend(mod) -> None:
     cls.__init__ = __init__
 
 
+def _fix_unquant(mod) -> None:
+    """sglang/srt/layers/quantization/unquant.py (0.5.23): ``UnquantizedLinearMethod.apply`` runs
+    ``F.linear`` on CPUs without AMX (its ``weight_packed_linear`` path needs AMX), which is MKL's
+    slow small-M GEMM in float32. Run float32 layers through oneDNN with the weight prepacked once
+    (patches/ops_linear.py). Not a defect, a CPU cost cut; ``NANOSPEC_CPU_LINEAR=mkl`` keeps SGLang's."""
+    from patches import ops_linear
+
+    if ops_linear.mode() != "onednn":
+        return
+    cls = mod.UnquantizedLinearMethod
+    original = cls.apply
+    if getattr(original, "__nanospec__", False):
+        return
+
+    def apply(self, layer, x, bias=None):
+        if not getattr(layer, "use_intel_amx_backend", False) and ops_linear.usable(x, layer.weight):
+            return ops_linear.linear(layer, x, layer.weight, bias)
+        return original(self, layer, x, bias)
+
+    apply.__nanospec__ = True
+    cls.apply = apply
+
+
+def _fix_logits_processor(mod) -> None:
+    """sglang/srt/layers/logits_processor.py (0.5.23): ``LogitsProcessor._compute_lm_head`` multiplies a
+    plain LM head with ``torch.matmul`` on CPUs without AMX: 95 ms for 4 rows of Qwen2.5's 151,936 x 896
+    head in float32, against 19 ms through oneDNN with the weight prepacked (patches/ops_linear.py).
+    Same switch as ``_fix_unquant``; LoRA, quantised and biased heads keep SGLang's path."""
+    from patches import ops_linear
+
+    if ops_linear.mode() != "onednn":
+        return
+    cls = mod.LogitsProcessor
+    original = cls._compute_lm_head
+    if getattr(original, "__nanospec__", False):
+        return
+
+    def _compute_lm_head(self, hidden_states, lm_head, embedding_bias=None, *, out=None):
+        weight = getattr(lm_head, "weight", None)
+        if (embedding_bias is None and not hasattr(lm_head, "set_lora")
+                and not mod.should_apply_lm_head_quant_method(lm_head, getattr(lm_head, "quant_method", None))
+                and not getattr(lm_head, "use_intel_amx_backend", False)
+                and getattr(self, "rl_on_policy_target", None) is None
+                and ops_linear.usable(hidden_states, weight)):
+            return ops_linear.linear(lm_head, hidden_states, weight, None)
+        return original(self, hidden_states, lm_head, embedding_bias, out=out)
+
+    _compute_lm_head.__nanospec__ = True
+    cls._compute_lm_head = _compute_lm_head
+
+
 TARGETS = {
+    "sglang.srt.layers.quantization.unquant": _fix_unquant,
+    "sglang.srt.layers.logits_processor": _fix_logits_processor,
     "sglang.srt.layers.attention.intel_amx_backend": _fix_intel_amx_backend,
     "sglang.srt.arg_groups.attention_hook": _fix_attention_hook,
     "sglang.srt.arg_groups.platform_hook": _fix_platform_hook,
@@ -113,11 +166,27 @@ TARGETS = {
 
 
 def _profile_model_runner(mod) -> None:
-    """Benchmark only (NANOSPEC_PROFILE_OPS): time every forward pass, target and draft."""
+    """Benchmark only (NANOSPEC_PROFILE_OPS): time every forward pass, target and draft, in total
+    ("forward") and by model and mode ("forward:target:DECODE", "forward:draft:DRAFT_EXTEND", ...)."""
+    import functools
+    import time
+
     from patches import profiling
 
     cls = mod.ModelRunner
-    cls.forward = profiling.timed("forward", cls.forward)
+    original = cls.forward
+
+    @functools.wraps(original)
+    def forward(self, forward_batch, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return original(self, forward_batch, *args, **kwargs)
+        finally:
+            model = "draft" if getattr(self, "is_draft_worker", False) else "target"
+            mode = getattr(getattr(forward_batch, "forward_mode", None), "name", "?")
+            profiling.record(f"forward:{model}:{mode}", time.perf_counter() - t0)
+
+    cls.forward = profiling.timed("forward", forward)
 
 
 def _profile_eagle_worker(mod) -> None:
