@@ -37,19 +37,21 @@ def _attend(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    visible: torch.Tensor,
+    visible: torch.Tensor | None,
     sm_scale: float,
     k_scale: float,
     v_scale: float,
     logit_cap: float,
     sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    """q ``[B, Q, H, Dk]``, k/v ``[B, L, Hkv, D]``, visible ``[B, Q, L]`` -> ``[B, Q, H, Dv]`` float32.
+    """q ``[B, Q, H, Dk]``, k/v ``[B, L, Hkv, D]``, visible ``[B, Q, L]`` (None: all) -> ``[B, Q, H, Dv]``
+    float32.
 
     Rows with nothing visible (padding) come out as zeros."""
+    if visible is None and ((logit_cap and logit_cap > 0) or sinks is not None):
+        visible = torch.ones(q.shape[0], q.shape[1], k.shape[1], dtype=torch.bool, device=q.device)
     if not (logit_cap and logit_cap > 0) and sinks is None:  # common case: one fused SDPA call
-        # An all-visible mask (one request's decode) is left out: SDPA is faster without one.
-        mask = None if visible.shape[0] == 1 and bool(visible.all()) else visible[:, None]
+        mask = None if visible is None else visible[:, None]
         out = torch.nn.functional.scaled_dot_product_attention(
             q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2),
             attn_mask=mask, scale=sm_scale * k_scale, enable_gqa=True,
@@ -96,10 +98,19 @@ def decode_attention_cpu(
     if is_cross_attention:
         raise NotImplementedError("cross-attention has no pure-PyTorch decode fallback")
     if key is not None and value is not None:
-        k_cache[loc.long()] = key.to(k_cache.dtype)
-        v_cache[loc.long()] = value.to(v_cache.dtype)
+        k_cache.index_copy_(0, loc.long(), key.to(k_cache.dtype))
+        v_cache.index_copy_(0, loc.long(), value.to(v_cache.dtype))
     B = query.shape[0]
     if B == 0:
+        return
+    if B == 1 and not (sliding_window_size and sliding_window_size > 0):
+        # One request (the common CPU case): a view of its slots and no mask. Every op here is paid
+        # once per layer and decode step, and Python dispatch is most of this op's cost.
+        n = int(seq_lens[0])
+        slots = req_to_token[int(req_pool_indices[0]), :n]
+        keys, vals = k_cache.index_select(0, slots)[None], v_cache.index_select(0, slots)[None]
+        out = _attend(query[:, None], keys, vals, None, sm_scale, k_scale, v_scale, logit_cap, sinks)
+        output.copy_(out[:, 0])
         return
     seq = seq_lens.long()
     L = int(seq.max())
