@@ -6,7 +6,7 @@ from transformers import AutoModelForCausalLM
 
 from tests.support.tiny_models import eagle3_reference_step, make_tiny_eagle3_draft, make_tiny_llama
 from train.export import load_draft, save_draft
-from train.model import Eagle3Draft, default_aux_layer_ids, draft_config
+from train.model import Eagle3Draft, check_aux_layer_ids, default_aux_layer_ids, draft_config
 from train.target import features
 
 
@@ -19,8 +19,28 @@ def test_default_aux_layers_are_sglangs_capture_points_in_config_convention():
     # SGLang captures the inputs of layers [2, L//2, L-3] by default; config ids are those minus one.
     assert default_aux_layer_ids(32) == [1, 15, 28]
     assert default_aux_layer_ids(30) == [1, 14, 26]
+    assert default_aux_layer_ids(3) == [-1, 0, 1]  # [2, 1, 0] in layer order, as SGLang concatenates them
     with pytest.raises(ValueError, match="3 layers"):
         default_aux_layer_ids(2)
+
+
+@pytest.mark.parametrize("layers", range(3, 41))
+def test_default_aux_layers_are_three_states_sglang_captures_as_configured(layers):
+    # 4-6 layers: SGLang's own default names a layer twice ([2, 2, 1] for 4), so spaced layers stand in.
+    ids = default_aux_layer_ids(layers)
+    assert len(ids) == 3 and check_aux_layer_ids(ids, layers) == ids
+
+
+def test_aux_layer_ids_are_refused_with_the_offending_ids_named():
+    assert check_aux_layer_ids([-1, 0, 1], 3) == [-1, 0, 1]
+    with pytest.raises(ValueError, match=r"\[0\] more than once.*expect 3 states and get 2"):
+        check_aux_layer_ids([-1, 0, 0], 3)
+    with pytest.raises(ValueError, match=r"\[5\] out of range for a target with 4 layers"):
+        check_aux_layer_ids([0, 1, 5], 4)
+    with pytest.raises(ValueError, match=r"not in increasing order.*\[0, 1, 2\]"):
+        check_aux_layer_ids([2, 0, 1], None)
+    with pytest.raises(ValueError, match="must be integers"):
+        check_aux_layer_ids([0, 1.5, 2], None)
 
 
 def test_features_capture_the_residual_stream_entering_layer_id_plus_one(target_dir):

@@ -93,7 +93,8 @@ def test_script_run_logs_every_step_checkpoints_and_writes_a_full_vocabulary_dra
     cfg = json.loads((script_run / "final" / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
     assert cfg["draft_vocab_size"] == cfg["vocab_size"] == 512 and cfg["num_hidden_layers"] == 1
-    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 0, -1]  # SGLang default, 3 layers
+    # SGLang's default capture points for 3 layers, in the layer order SGLang concatenates them.
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [-1, 0, 1]
     assert cfg["tie_word_embeddings"] is False
     weights = load_file(str(script_run / "final" / "model.safetensors"))
     assert weights["lm_head.weight"].shape == (512, 64) and weights["fc.weight"].shape == (64, 3 * 64)
@@ -157,6 +158,35 @@ def test_flags_override_yaml_keys_and_bad_options_are_named(tmp_path):
         train_config.load(["--config", str(yaml_path)])
     with pytest.raises(ValueError, match="--data-path"):
         train_config.load(["--target-model-path", "m", "--output-dir", "o"])
+
+
+@pytest.mark.parametrize(("ids", "named"), [
+    ("-1,0,0", "layer id(s) [0] more than once"),  # SGLang captures layer 1 once: fc expects 3, gets 2
+    ("0,1,2", "aux_layer_ids [2] out of range"),  # id 2 = output of the last of 3 layers: never captured
+    ("1,0,-1", "not in increasing order"),  # SGLang concatenates in layer order: features swapped
+    ("-2,0,1", "aux_layer_ids [-2] out of range"),
+])
+def test_aux_layer_ids_sglang_would_capture_differently_stop_the_run_at_start(target, tmp_path, capsys, ids,
+                                                                              named):
+    # No data file and no output directory exist: the run must stop before it reads or writes either.
+    argv = ["--target-model-path", str(target), "--data-path", str(tmp_path / "missing.json"),
+            "--output-dir", str(tmp_path / "run"), f"--aux-layer-ids={ids}"]
+    with pytest.raises(SystemExit) as exc:
+        train_main(argv)
+    assert exc.value.code == 2
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_aux_layer_ids_from_yaml_are_checked_when_options_are_loaded(tmp_path):
+    yaml_path = tmp_path / "c.yaml"
+    yaml_path.write_text("aux_layer_ids: [3, 3, 5]\n")
+    with pytest.raises(ValueError, match=r"layer id\(s\) \[3\] more than once"):
+        train_config.load(["--config", str(yaml_path), "--target-model-path", "m", "--data-path", "d",
+                           "--output-dir", "o"])
+    with pytest.raises(ValueError, match="comma-separated integers"):
+        train_config.load(["--target-model-path", "m", "--data-path", "d", "--output-dir", "o",
+                           "--aux-layer-ids", "1,x"])
 
 
 def test_top_n_export_keeps_the_most_frequent_tokens_with_eos_in_sglangs_d2t_format(script_run, tmp_path):

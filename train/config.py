@@ -93,9 +93,17 @@ def load(argv: list[str] | None = None) -> dict:
     for name in ("aux_layer_ids", "export_top_n"):
         value = opts[name]
         if isinstance(value, str):
-            opts[name] = [int(v) for v in value.split(",") if v.strip()]
+            try:
+                opts[name] = [int(v) for v in value.split(",") if v.strip()]
+            except ValueError:
+                raise ValueError(f"{name} must be comma-separated integers, got {value!r}") from None
         elif isinstance(value, int):
             opts[name] = [value]
+    if opts["aux_layer_ids"] is not None:
+        from train.model import check_aux_layer_ids
+
+        # Duplicates and order need no model; the range is checked once the target's config is read.
+        check_aux_layer_ids(opts["aux_layer_ids"])
     missing = [n for n in ("target_model_path", "data_path", "output_dir") if not opts[n]]
     if missing:
         raise ValueError(

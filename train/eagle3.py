@@ -27,13 +27,13 @@ import torch.nn.functional as F  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
+from transformers import AutoConfig, AutoTokenizer  # noqa: E402
 
 from nanospec.models import resolve as resolve_model  # noqa: E402
 from train import config as config_mod  # noqa: E402
 from train.data import batch_indices, collate, load_samples, token_counts  # noqa: E402
 from train.export import save_draft  # noqa: E402
-from train.model import Eagle3Draft, draft_config  # noqa: E402
+from train.model import Eagle3Draft, check_aux_layer_ids, draft_config  # noqa: E402
 from train.target import FeatureCache, batch_features, load_target, target_logits  # noqa: E402
 
 
@@ -103,6 +103,14 @@ def main(argv: list[str] | None = None) -> Path:
         config_mod.parser().error(str(e))
     # A model-zoo name (e.g. smollm2-135m) becomes its local directory, fetched on first use.
     opts["target_model_path"] = resolve_model(opts["target_model_path"])
+    if opts["aux_layer_ids"]:
+        # Before any data or weights are read: ids SGLang would capture differently fail the run now,
+        # not the server at its first request.
+        layers = getattr(AutoConfig.from_pretrained(opts["target_model_path"]), "num_hidden_layers", None)
+        try:
+            check_aux_layer_ids(opts["aux_layer_ids"], layers)
+        except ValueError as e:
+            config_mod.parser().error(str(e))
     run = Path(opts["output_dir"])
     precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "no")
     accelerator = Accelerator(mixed_precision=precision)

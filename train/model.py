@@ -15,15 +15,59 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """SGLang's default capture for EAGLE-3, in `eagle_aux_hidden_state_layer_ids` convention.
+    """SGLang's default capture for EAGLE-3, in `eagle_aux_hidden_state_layer_ids` convention, layer order.
 
-    With no ids configured SGLang captures the residual stream entering layers [2, L//2, L-3]; configured
-    ids are shifted by one (id i means "output of layer i" = input of layer i+1; -1 is the embedding output),
-    so the same points are [1, L//2-1, L-4]. Writing them out keeps training and serving on the same features.
+    With no ids configured SGLang captures the residual stream entering layers [2, L//2, L-3] by default;
+    configured ids are shifted by one (id i means "output of layer i" = input of layer i+1; -1 is the
+    embedding output), so the same points are [1, L//2-1, L-4], which the draft config then records
+    explicitly (sorted: SGLang concatenates captured states in layer order). For 4-6 layers SGLang's default
+    names a layer twice (L=4: [2, 2, 1]) and captures fewer states than its draft expects; three evenly
+    spaced layers (-1 .. L-2) stand in there.
     """
     if num_layers < 3:
         raise ValueError(f"EAGLE-3 default aux layers need a target with >= 3 layers, got {num_layers}")
-    return [1, num_layers // 2 - 1, num_layers - 4]
+    ids = sorted({1, num_layers // 2 - 1, num_layers - 4})
+    if len(ids) < 3:
+        top = num_layers - 2
+        ids = [-1, (top - 1) // 2, top]
+    return ids
+
+
+def check_aux_layer_ids(ids, num_layers: int | None = None) -> list[int]:
+    """``ids`` if SGLang's EAGLE-3 target captures exactly those states in that order, else ValueError
+    naming the offending ids.
+
+    SGLang (`set_eagle3_layers_to_capture`, then the decoder loop) captures the input of layer i+1 for each
+    configured id i, once per layer, in layer order, and only for layers that exist. So duplicates collapse
+    (the draft's `fc`, sized for len(ids) states, then gets fewer and the server dies at the first request),
+    a decreasing order swaps the features the draft was trained on, and an id outside -1..L-2 is never
+    captured. ``num_layers`` None checks everything but the range (before the target's config is read).
+    """
+    ids = list(ids)
+    if not ids:
+        raise ValueError("aux_layer_ids is empty: EAGLE-3 fuses at least one target layer")
+    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int)]
+    if bad:
+        raise ValueError(f"aux_layer_ids must be integers, got {bad}")
+    if num_layers is not None:
+        bad = [i for i in ids if not -1 <= i <= num_layers - 2]
+        if bad:
+            raise ValueError(
+                f"aux_layer_ids {bad} out of range for a target with {num_layers} layers "
+                f"(-1..{num_layers - 2}: id i is the input of layer i+1)"
+            )
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise ValueError(
+            f"aux_layer_ids {ids} name layer id(s) {dup} more than once: SGLang captures each layer once, "
+            f"so the draft would expect {len(ids)} states and get {len(set(ids))}"
+        )
+    if ids != sorted(ids):
+        raise ValueError(
+            f"aux_layer_ids {ids} are not in increasing order: SGLang concatenates the captured states in "
+            f"layer order ({sorted(ids)}), so the draft would be served other features than it was trained on"
+        )
+    return ids
 
 
 def draft_config(target: PretrainedConfig, aux_layer_ids: list[int] | None, tie_head: bool) -> LlamaConfig:
@@ -34,13 +78,7 @@ def draft_config(target: PretrainedConfig, aux_layer_ids: list[int] | None, tie_
     makes SGLang bind the target's LM head to the draft.
     """
     num_layers = target.num_hidden_layers
-    ids = list(aux_layer_ids) if aux_layer_ids else default_aux_layer_ids(num_layers)
-    bad = [i for i in ids if not -1 <= i <= num_layers - 2]
-    if bad:
-        raise ValueError(
-            f"aux_layer_ids {bad} out of range for a target with {num_layers} layers "
-            f"(-1..{num_layers - 2}: id i is the input of layer i+1)"
-        )
+    ids = check_aux_layer_ids(aux_layer_ids or default_aux_layer_ids(num_layers), num_layers)
     heads = target.num_attention_heads
     head_dim = getattr(target, "head_dim", None) or target.hidden_size // heads
     rope = dict(getattr(target, "rope_parameters", None) or {})

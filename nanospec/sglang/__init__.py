@@ -19,13 +19,15 @@ def _worker_factory(server_args):
 
 
 def register() -> None:
-    """Entry point: register NANOSPEC with SGLang and the tokenizer-side meta_info hook. Idempotent."""
+    """Entry point: register NANOSPEC with SGLang, the tokenizer-side meta_info and request-validation
+    hooks and the exact-penalty hooks. Idempotent."""
     global _registered
     if _registered:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+    from nanospec.sglang import penalties, validate
     from nanospec.sglang.algo import NAME, NanoSpecAlgo, validate_server_args
     from nanospec.sglang.hooks import collapse_meta
 
@@ -33,6 +35,13 @@ def register() -> None:
                                   spec_class=NanoSpecAlgo)(_worker_factory)
     HookRegistry.register("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info",
                           collapse_meta, HookType.AFTER)
+    # Exact penalties in NANOSPEC's verify (SGLang's speculative penalties are relaxed, see
+    # penalties.py); every hook leaves batches of other algorithms alone.
+    for target, hook, kind in penalties.HOOKS:
+        HookRegistry.register(target, hook, HookType[kind])
+    # Refuse unservable requests in the tokenizer process (HTTP 400), before the scheduler sees them.
+    HookRegistry.register("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+                          validate.before_validate_one_request, HookType.BEFORE)
     if os.environ.get("NANOSPEC_TIME_DRAFT") == "1":
         from nanospec.sglang.telemetry import DraftTimer
 
