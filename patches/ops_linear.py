@@ -4,8 +4,8 @@ PyTorch's ``F.linear`` in float32 goes to MKL, whose small-M GEMM is slow on thi
 a [4, 896] x [896, 9728] product (a Qwen2.5-0.5B MLP matrix) took 5.3 ms against 2.6 ms for one
 row, so verifying 4 draft tokens cost about two decode steps. oneDNN on a weight reordered into its
 blocked layout runs 1 to 16 rows near the memory-bound time of reading the weight once (1.2-1.4 ms
-there), and is faster at prefill sizes too (measured in docs/cpu.md). Outputs are float32 like
-before; only the summation order differs (a few ulp).
+there). Only products of at most ``MAX_ROWS`` rows take this path (below). Outputs are float32
+like before; only the summation order differs (a few ulp).
 
 ``NANOSPEC_CPU_LINEAR``: ``onednn`` (default) or ``mkl`` (PyTorch's ``F.linear``, the old path).
 """
@@ -31,6 +31,12 @@ def mode() -> str:
     return value
 
 
+# Most rows sent through oneDNN. oneDNN keeps a primitive (and its memory) for every row count it meets,
+# about 0.5 MiB each per weight shape, and never frees them; prefills come in every size. Decode and
+# verify steps (1 to 16 rows per request batch) are where MKL is slow; larger products stay with MKL.
+MAX_ROWS = 16
+
+
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``linear`` serves x [..., K] @ weight [N, K].T (float32 CPU tensors, plain layout)."""
     return (isinstance(weight, torch.Tensor) and x.device.type == "cpu" and weight.device.type == "cpu"
@@ -52,9 +58,11 @@ def packed_weight(owner: object, weight: torch.Tensor) -> torch.Tensor:
 
 def linear(owner: object, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [..., K] float32 @ weight [N, K].T (+ bias [N]) -> [..., N] float32, through the prepacked
-    copy of ``weight`` kept on ``owner``."""
+    copy of ``weight`` kept on ``owner`` for at most ``MAX_ROWS`` rows, through ``F.linear`` above."""
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     if rows.shape[0] == 0:
         return x.new_empty(*x.shape[:-1], weight.shape[0])
+    if rows.shape[0] > MAX_ROWS:
+        return torch.nn.functional.linear(x, weight, bias)
     out = torch.ops.mkldnn._linear_pointwise(rows, packed_weight(owner, weight), bias, "none", [], "")
     return out.view(*x.shape[:-1], weight.shape[0])

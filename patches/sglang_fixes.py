@@ -155,7 +155,26 @@ def _fix_logits_processor(mod) -> None:
     cls._compute_lm_head = _compute_lm_head
 
 
+def _fix_allocation(mod) -> None:
+    """sglang/srt/mem_cache/allocation.py (0.5.23): ``get_last_loc`` launches the Triton kernel
+    ``get_last_loc_triton`` for every attention backend but ascend/torch_native; with ``--page-size``
+    above 1 the speculative decode allocation reaches it, and a CPU host has no Triton driver
+    ("0 active drivers"). Use SGLang's own ``get_last_loc_torch`` for CPU tensors."""
+    original = mod.get_last_loc
+    if getattr(original, "__nanospec__", False):
+        return
+
+    def get_last_loc(req_to_token, req_pool_indices_tensor, prefix_lens_tensor):
+        if req_to_token.device.type == "cpu":
+            return mod.get_last_loc_torch(req_to_token, req_pool_indices_tensor, prefix_lens_tensor)
+        return original(req_to_token, req_pool_indices_tensor, prefix_lens_tensor)
+
+    get_last_loc.__nanospec__ = True
+    mod.get_last_loc = get_last_loc
+
+
 TARGETS = {
+    "sglang.srt.mem_cache.allocation": _fix_allocation,
     "sglang.srt.layers.quantization.unquant": _fix_unquant,
     "sglang.srt.layers.logits_processor": _fix_logits_processor,
     "sglang.srt.layers.attention.intel_amx_backend": _fix_intel_amx_backend,
