@@ -6,6 +6,8 @@ scheduling, CUDA graphs) is inherited unchanged; NanoSpec adds four things:
   2. every draft logit (draft steps and draft-extend) comes from ``DraftHead``;
   3. after each verify: telemetry, then append tree tokens and the accepted path's top-K_ver;
   4. request end: release the slot and attach telemetry for meta_info.
+The draft and draft-extend entries also wait for queued gathers before a possible CUDA-graph replay
+and skip a graph captured with another head than the current choice (docs/plugin.md, GPU features).
 """
 
 from __future__ import annotations
