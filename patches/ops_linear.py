@@ -59,10 +59,10 @@ def packed_weight(owner: object, weight: torch.Tensor) -> torch.Tensor:
 def linear(owner: object, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [..., K] float32 @ weight [N, K].T (+ bias [N]) -> [..., N] float32, through the prepacked
     copy of ``weight`` kept on ``owner`` for at most ``MAX_ROWS`` rows, through ``F.linear`` above."""
+    if x.numel() > MAX_ROWS * x.shape[-1]:  # before the copy below: a prefill need not pay for it
+        return torch.nn.functional.linear(x, weight, bias)
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     if rows.shape[0] == 0:
         return x.new_empty(*x.shape[:-1], weight.shape[0])
-    if rows.shape[0] > MAX_ROWS:
-        return torch.nn.functional.linear(x, weight, bias)
     out = torch.ops.mkldnn._linear_pointwise(rows, packed_weight(owner, weight), bias, "none", [], "")
     return out.view(*x.shape[:-1], weight.shape[0])
