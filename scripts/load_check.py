@@ -4,7 +4,7 @@
         [--rss-bound-mib 64] [--algorithm NANOSPEC|EAGLE3|none] [--server-args FLAGS]
         [--out FILE] [--json FILE]
 
-Tiny random models (``nanospec.bench.tiny``: a 512-token Llama and its full-vocabulary EAGLE-3 draft,
+Tiny random models (``nanospec.testing``: a 512-token Llama and its full-vocabulary EAGLE-3 draft,
 float32) are served twice on the CPU: plainly (AR) and with ``--speculative-algorithm NANOSPEC``.
 Requests cycle through five kinds: greedy, sampled (temperature 1, top-p 0.9), regex-constrained
 greedy, streamed greedy, and streamed greedy that the client abandons after 3 chunks by closing the
@@ -193,7 +193,7 @@ def group_rss(srv: SGLangServer) -> dict[int, float]:
 
 
 def build_models(root: Path) -> tuple[Path, Path]:
-    from nanospec.bench.tiny import make_tiny_eagle3_draft, make_tiny_llama
+    from nanospec.testing import make_tiny_eagle3_draft, make_tiny_llama
 
     target = make_tiny_llama(root / "target", vocab_size=VOCAB)
     return target, make_tiny_eagle3_draft(root / "draft", target)

@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check nanospec train patches tests scripts
+.venv/bin/ruff check nanospec train tests scripts
 .venv/bin/python -m pytest -q "$@"

@@ -202,7 +202,7 @@ def test_agreeing_model_end_to_end_numbers(tmp_path):
 
 def test_second_turn_sees_the_first_answer_and_bad_inputs_are_named(tmp_path, tiny, monkeypatch, capsys):
     path, _, _ = tiny
-    monkeypatch.chdir(tmp_path)  # away from the default question and corpus files
+    monkeypatch.chdir(tmp_path)  # from any directory: the defaults are packaged
     q, corpus = write_inputs(tmp_path, ["alpha"])
     out = tmp_path / "out"
     assert cov.main(["--model", str(path), "--questions", str(q), "--turns", "2", "--max-new-tokens", "3",
@@ -220,19 +220,25 @@ def test_second_turn_sees_the_first_answer_and_bad_inputs_are_named(tmp_path, ti
     with pytest.raises(SystemExit):
         cov.main(["--model", str(path), "--questions", str(q), "--ks", "1,two", "--out", str(out)])
     assert "--ks must be comma-separated integers" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        cov.main(["--model", str(path), "--out", str(out)])
-    assert "--questions is required" in capsys.readouterr().err
+    # No --questions: the MT-bench questions shipped in nanospec/data (first one: writing); no --corpus: the
+    # static comparison is skipped.
+    assert cov.main(["--model", str(path), "--num-questions", "1", "--max-new-tokens", "2", "--out",
+                     str(out)]) == 0
+    res = json.loads((out / "coverage.json").read_text())
+    assert [s["category"] for s in res["samples"]] == ["writing"] and res["static_ks"] is None
 
 
 def test_load_questions_limits_per_category(tmp_path):
+    # The analysis reads questions with the benchmarks' one reader (nanospec.data.load_questions).
     q, _ = write_inputs(tmp_path, ["a", "a", "b", "a", "b", "c"])
     assert [r["question_id"] for r in cov.load_questions(q, per_category=2)] == [0, 1, 2, 4, 5]
-    assert [r["question_id"] for r in cov.load_questions(q, limit=3, per_category=1)] == [0, 2, 5]
+    assert [r["question_id"] for r in cov.load_questions(q, 3, per_category=1)] == [0, 2, 5]
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"question_id": 1, "turns": ["x"]}) + "\n")
-    with pytest.raises(ValueError, match="bad.jsonl:1: a question needs 'category'"):
+    bad.write_text(json.dumps({"question_id": 1, "turns": []}) + "\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1: expected an object with a non-empty string list"):
         cov.load_questions(bad)
+    with pytest.raises(FileNotFoundError, match="question file not found"):
+        cov.load_questions(tmp_path / "none.jsonl")
 
 
 def test_sweep_replays_the_same_generations_with_more_candidates(tmp_path, tiny, monkeypatch):

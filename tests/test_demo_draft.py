@@ -1,4 +1,4 @@
-"""The demo's quick draft: bounded training through train/, cached by its settings, and its table."""
+"""The demo's quick draft: bounded training through nanospec.train, cached by its settings, and its table."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def test_cache_directory_changes_with_every_training_setting(target, data, tmp_p
 def test_training_command_is_bounded_in_steps_time_and_length(target, data, tmp_path):
     s = demo.draft_settings(args_for(target, data, tmp_path, "--train-minutes", "2.5"), str(target))
     cmd = demo.train_command(str(target), str(data), tmp_path / "run", s)
-    flags = dict(zip(cmd[2::2], cmd[3::2], strict=False))
+    assert cmd[1:3] == ["-m", "nanospec.train"]  # the installed trainer, from any directory
+    flags = dict(zip(cmd[3::2], cmd[4::2], strict=False))
     assert flags["--max-steps"] == "2" and flags["--max-minutes"] == "2.5" and flags["--max-length"] == "256"
     assert flags["--save-every"] == "0" and flags["--dtype"] == "float32"
 
@@ -78,3 +79,48 @@ def test_overall_table_lists_every_method_against_ar():
     assert lines[0].split() == ["method", "tok/s", "vs", "AR", "accepted/step", "active", "vocab", "=", "AR"]
     assert lines[1].split() == ["ar", "10.00", "1.00x", "-", "-", "yes"]
     assert lines[2].split() == ["nanospec", "12.50", "1.25x", "1.80", "812", "no"]
+
+
+def shipped(monkeypatch, tmp_path, target, name="tiny"):
+    from tests.support.tiny_models import make_tiny_eagle3_draft
+
+    root = tmp_path / "drafts"
+    make_tiny_eagle3_draft(root / name, target)
+    monkeypatch.setattr(demo, "SHIPPED_DRAFTS", root)
+    return root / name
+
+
+def test_draft_shipped_for_the_target_is_used_without_training(target, data, tmp_path, monkeypatch):
+    path = shipped(monkeypatch, tmp_path, target)
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a shipped draft must not be trained")
+
+    monkeypatch.setattr(subprocess, "run", no_training)
+    a = demo.parse_args(["--model", "tiny", "--data", str(data), "--cache-dir", str(tmp_path / "c")])
+    assert demo.pick_draft(a, str(target)) == path
+
+
+def test_train_draft_flag_or_a_target_without_shipped_draft_trains_a_quick_one(target, data, tmp_path,
+                                                                               monkeypatch):
+    shipped(monkeypatch, tmp_path, target)
+    a = args_for(target, data, tmp_path / "c")  # --model is the directory: nothing ships for it
+    assert demo.pick_draft(a, str(target)).parent.parent == tmp_path / "c"
+    a = demo.parse_args(["--model", "tiny", "--data", str(data), "--cache-dir", str(tmp_path / "c2"),
+                         "--train-steps", "2", "--train-records", "8", "--train-draft"])
+    assert demo.pick_draft(a, str(target)).parent.parent == tmp_path / "c2"
+
+
+def test_truncated_missing_or_foreign_draft_is_refused_naming_the_file(target, data, tmp_path, monkeypatch):
+    path = shipped(monkeypatch, tmp_path, target)
+    other = make_tiny_llama(tmp_path / "other", vocab_size=384)
+    a = demo.parse_args(["--model", "tiny", "--data", str(data)])
+    with pytest.raises(SystemExit, match="config.json.*vocab"):
+        demo.pick_draft(a, str(other))  # the tiny draft is for a 512-token target
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(SystemExit, match="model.safetensors.*truncated"):
+        demo.pick_draft(a, str(target))
+    weights.unlink()
+    with pytest.raises(SystemExit, match="model.safetensors not found"):
+        demo.pick_draft(a, str(target))

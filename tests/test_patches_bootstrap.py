@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from patches import _bootstrap
+from nanospec.cpu import _bootstrap
 
 
 def _run(code: str, extra_path: Path | None = None, env: dict | None = None) -> str:
@@ -43,7 +43,7 @@ def test_pth_is_installed_into_site_packages():
     pth = [f for f in files if str(f).endswith("nanospec_sgl_cpu.pth")]
     assert len(pth) == 1 and pth[0].parent == Path(".")  # top level of site-packages
     text = Path(pth[0].locate()).read_text()
-    assert "patches._bootstrap" in text
+    assert "nanospec.cpu._bootstrap" in text
 
 
 @needs_install

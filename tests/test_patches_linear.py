@@ -1,4 +1,4 @@
-"""Float32 linear layers through oneDNN with prepacked weights (patches/ops_linear.py) and the two
+"""Float32 linear layers through oneDNN with prepacked weights (nanospec/cpu/ops_linear.py) and the two
 SGLang fixes that route the CPU path's linear layers and LM head there."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from patches import ops_linear
+from nanospec.cpu import ops_linear
 
 
 class Layer(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""Each pure-PyTorch sgl_kernel op in patches/ against a straightforward loop reference.
+"""Each pure-PyTorch sgl_kernel op in nanospec/cpu/ against a straightforward loop reference.
 
 The references are written from SGLang 0.5.23's Triton kernels (spec_tree.py, cache_locs.py, eagle.py,
 allocation.py, decode/extend attention), one request and one node at a time.
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from patches import ops_attention, ops_memory, ops_spec
+from nanospec.cpu import ops_attention, ops_memory, ops_spec
 
 # ---------------------------------------------------------------------------------------------------
 # EAGLE draft trees as SGLang builds them (select_top_k_tokens + organize_draft_results).
@@ -460,7 +460,7 @@ def ref_tree_sampling(candidates, ridx, rnext, rsib, coins, final_coins, target,
 
 @pytest.mark.parametrize("bs,topk,steps,D", TREE_CASES)
 def test_tree_speculative_sampling_matches_reference(bs, topk, steps, D):
-    from patches import ops_sampling
+    from nanospec.cpu import ops_sampling
 
     gen = torch.Generator().manual_seed(99 + bs + topk + steps)
     V, S = 6, steps + 1
@@ -495,7 +495,7 @@ def test_tree_speculative_sampling_matches_reference(bs, topk, steps, D):
 
 
 def test_top_k_and_top_p_renormalisation():
-    from patches import ops_sampling
+    from nanospec.cpu import ops_sampling
 
     probs = torch.tensor([[0.1, 0.4, 0.2, 0.3], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]])
     k = ops_sampling.top_k_renorm_prob(probs, torch.tensor([2, 0, 1]))

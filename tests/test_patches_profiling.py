@@ -1,4 +1,4 @@
-"""The opt-in op profiler used by ``python -m patches.bench``."""
+"""The opt-in op profiler used by ``python -m nanospec.cpu.bench``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 def test_profiler_records_outermost_calls_only_when_enabled(tmp_path):
     code = """
-from patches import profiling
+from nanospec.cpu import profiling
 def inner(x):
     return x + 1
 inner_t = profiling.timed("op:inner", inner)
@@ -29,6 +29,6 @@ print(profiling.enabled())
     assert stats["op:inner"]["seconds"] >= 0.0
 
     env.pop("NANOSPEC_PROFILE_OPS")
-    code_off = "from patches import profiling; f = lambda: 1; print(profiling.timed('x', f) is f)"
+    code_off = "from nanospec.cpu import profiling; f = lambda: 1; print(profiling.timed('x', f) is f)"
     off = subprocess.run([sys.executable, "-c", code_off], env=env, capture_output=True, text=True)
     assert off.stdout.strip() == "True"

@@ -69,7 +69,7 @@ WITH_EAGLE3 = os.environ.get("NANOSPEC_TEST_EAGLE3") == "1"
 # Restores SGLang 0.5.23's verify on CPU (argmax at any temperature) in every process of one server:
 # NanoSpec's fix-up of sglang.srt.speculative.eagle_utils is looked up in TARGETS at import time.
 GREEDY_SITECUSTOMIZE = '''\
-from patches import sglang_fixes
+from nanospec.cpu import sglang_fixes
 
 sglang_fixes.TARGETS.pop("sglang.srt.speculative.eagle_utils", None)
 '''

@@ -18,7 +18,8 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMo
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 
 from nanospec import NanoSpecConfig
-from nanospec.sglang import heads, hooks
+from nanospec import proposer as proposer_mod
+from nanospec.sglang import hooks
 from nanospec.sglang.runtime import Runtime
 from nanospec.sglang.settings import Settings
 from nanospec.sglang.worker import NanoSpecDraftWorker
@@ -52,13 +53,13 @@ class DeferredGathers:
 
 def replayed_logits(rt: Runtime, hidden: torch.Tensor, reqs: torch.Tensor) -> torch.Tensor:
     """What a replayed graph computes: the packed-head kernel on the buffer as it is, no wait."""
-    ph = rt.dv.head
-    return ph.ops.logits(hidden, ph.packed, rt.dv.state.col_tok, reqs, False)
+    ph = rt.proposer.dv.head
+    return ph.ops.logits(hidden, ph.packed, rt.proposer.dv.column_tokens(), reqs, False)
 
 
 def exact_logits(rt: Runtime, hidden: torch.Tensor, reqs: torch.Tensor) -> torch.Tensor:
-    tok = rt.dv.state.col_tok[reqs].long()
-    out = torch.einsum("nd,nwd->nw", hidden, rt.head.weight[tok.clamp_min(0)])
+    tok = rt.proposer.dv.column_tokens()[reqs].long()
+    out = torch.einsum("nd,nwd->nw", hidden, rt.proposer.weight[tok.clamp_min(0)])
     return out.masked_fill(tok < 0, float("-inf"))
 
 
@@ -71,7 +72,7 @@ def _worker(rt: Runtime) -> NanoSpecDraftWorker:
 
 def _decoding_request(rt: Runtime) -> None:
     """Slot 1 after a prefill and one verify; the verify's new rows still queued."""
-    rt.pending_topk = torch.tensor([[20], [21]])
+    rt.stash_prefill_topk(torch.tensor([[20], [21]]))
     rt.start_batch(SimpleNamespace(reqs=[_req("a", [1, 2], 1)], prefix_lens=[0], extend_lens=[2]))
     logits = torch.zeros(2, VOCAB)
     logits[0, 33], logits[1, 34] = 1.0, 1.0
@@ -117,7 +118,7 @@ def test_prefill_hook_ignores_the_padding_rows_of_a_prefill_graph():
     top = (hidden[:5] @ proc.weight.T).topk(2, dim=-1).indices
     for req, rows in zip(reqs, (top[:3], top[3:]), strict=True):
         stream = list(req.full_untruncated_fill_ids) + rows.reshape(-1).tolist()
-        assert rt.dv.active(req.kv.req_pool_idx).tolist() == sorted(set(stream))
+        assert rt.proposer.dv.active(req.kv.req_pool_idx).tolist() == sorted(set(stream))
 
 
 def test_prompt_rows_without_lengths_keep_every_row():
@@ -129,7 +130,7 @@ def test_prompt_rows_without_lengths_keep_every_row():
 
 def test_graph_replayed_draft_step_sees_every_queued_gather(monkeypatch):
     rt = _runtime(w_max=16, k_ver=1)
-    stream = DeferredGathers(rt.dv.head)
+    stream = DeferredGathers(rt.proposer.dv.head)
     _decoding_request(rt)
     assert stream.pending  # the verify's rows are in flight
     reqs, hidden = torch.tensor([1]), torch.randn(1, DIM)
@@ -145,7 +146,7 @@ def test_graph_replayed_draft_step_sees_every_queued_gather(monkeypatch):
 
 def test_graph_replayed_draft_extend_sees_every_queued_gather(monkeypatch):
     rt = _runtime(w_max=16, k_ver=1)
-    stream = DeferredGathers(rt.dv.head)
+    stream = DeferredGathers(rt.proposer.dv.head)
     _decoding_request(rt)
     assert stream.pending
     reqs, hidden = torch.tensor([1, 1, 1, 1]), torch.randn(4, DIM)  # 4 draft tokens per request
@@ -162,21 +163,21 @@ def test_graph_replayed_draft_extend_sees_every_queued_gather(monkeypatch):
 
 # -- 3. head choice under CUDA graphs ------------------------------------------------------------------
 
-def _big_head() -> heads.DraftHead:
+def _big_head() -> proposer_mod.Proposer:
     # Sizes where the union wins once vocabularies overlap: V 4096, d 64, W 256, 4 requests.
     torch.manual_seed(0)
-    head = heads.DraftHead(torch.randn(4096, 64), 4, NanoSpecConfig(w_max=256))
+    head = proposer_mod.Proposer(torch.randn(4096, 64), 4, NanoSpecConfig(w_max=256))
     for slot in range(4):
-        head.dv.start(slot, torch.arange(slot, slot + 200))
+        head.start(slot, torch.arange(slot, slot + 200), None)
     return head
 
 
 def test_head_captured_in_a_graph_is_stale_once_the_union_estimate_moves(monkeypatch):
     head = _big_head()
-    monkeypatch.setattr(heads, "capturing", lambda t: True)
-    head.logits(torch.randn(4, 64), torch.arange(4))  # what graph capture at batch size 4 runs
-    monkeypatch.setattr(heads, "capturing", lambda t: False)
-    assert head.kind == "packed" and head.graph_is_current(4, 4)
+    monkeypatch.setattr(proposer_mod, "capturing", lambda t: True)
+    out = head.logits(torch.randn(4, 64), torch.arange(4))  # what graph capture at batch size 4 runs
+    monkeypatch.setattr(proposer_mod, "capturing", lambda t: False)
+    assert out.kind == "packed" and head.graph_is_current(4, 4)
     head.estimate.observe(210, 4, 256)  # measured: the four windows share most tokens
     assert head.choose(4, 4) == "union"
     assert not head.graph_is_current(4, 4)
@@ -188,11 +189,10 @@ ENTRIES = [("draft", "cuda_graph_runner"), ("_draft_extend_for_decode", "cuda_gr
 @pytest.mark.parametrize("entry, runner", ENTRIES)
 def test_step_runs_eagerly_when_its_graph_holds_another_head(monkeypatch, entry, runner):
     rt = _runtime(w_max=16)
-    rt.head = _big_head()
-    rt.dv = rt.head.dv
-    monkeypatch.setattr(heads, "capturing", lambda t: True)
-    rt.head.logits(torch.randn(16, 64), torch.arange(4))  # captured at 4 requests, 16 rows
-    monkeypatch.setattr(heads, "capturing", lambda t: False)
+    rt.proposer = _big_head()
+    monkeypatch.setattr(proposer_mod, "capturing", lambda t: True)
+    rt.proposer.logits(torch.randn(16, 64), torch.arange(4))  # captured at 4 requests, 16 rows
+    monkeypatch.setattr(proposer_mod, "capturing", lambda t: False)
     used = []
     monkeypatch.setattr(EagleDraftWorker, entry,
                         lambda worker, batch, *args, **kw: used.append(getattr(worker, runner)))
@@ -202,7 +202,7 @@ def test_step_runs_eagerly_when_its_graph_holds_another_head(monkeypatch, entry,
     args = (None,) if entry != "draft" else ()
     batch = SimpleNamespace(seq_lens=torch.tensor([5, 5, 5, 5]))
     call(batch, *args)
-    rt.head.estimate.observe(210, 4, 256)
+    rt.proposer.estimate.observe(210, 4, 256)
     call(batch, *args)
     assert used[0] is not None and used[1] is None  # graph, then eager with the union head
     assert getattr(worker, runner) is used[0]  # the runner is back for the next step
@@ -212,21 +212,21 @@ def test_step_runs_eagerly_when_its_graph_holds_another_head(monkeypatch, entry,
 
 def test_warm_up_runs_every_kernel_once_and_leaves_the_state_as_new(monkeypatch):
     rt, fresh = _runtime(w_max=16, k_ver=2), _runtime(w_max=16, k_ver=2)
-    ops, ran = rt.dv.ops, set()
+    ops, ran = rt.proposer.dv.ops, set()
 
     class Counting:
         def __getattr__(self, name):
             ran.add(name)
             return getattr(ops, name)
 
-    monkeypatch.setattr(rt.dv, "ops", Counting())
-    monkeypatch.setattr(rt.dv.head, "ops", Counting())
+    monkeypatch.setattr(rt.proposer.dv, "ops", Counting())
+    monkeypatch.setattr(rt.proposer.dv.head, "ops", Counting())
     rt.warm_up(tree_tokens=4, width=4)
     assert {"extend", "gather", "logits"} <= ran
-    assert float(rt.stats.dev.abs().sum()) == 0.0 and rt.step == 0 and not rt.slot_rid
+    assert float(rt.stats.dev.abs().sum()) == 0.0 and rt.proposer.step == 0 and not rt.slot_rid
     for r in (rt, fresh):
-        r.pending_topk = torch.tensor([[20, 22], [21, 20]])
+        r.stash_prefill_topk(torch.tensor([[20, 22], [21, 20]]))
         r.start_batch(SimpleNamespace(reqs=[_req("a", [1, 2], 0)], prefix_lens=[0], extend_lens=[2]))
     for name in ("col_of", "col_tok", "count", "ring", "stack", "nfree", "pos", "gathered"):
-        assert torch.equal(getattr(rt.dv.state, name), getattr(fresh.dv.state, name)), name
+        assert torch.equal(getattr(rt.proposer.dv.state, name), getattr(fresh.proposer.dv.state, name)), name
     assert rt.starts == 1

@@ -85,7 +85,7 @@ def test_cpu_linear_memory_does_not_grow_with_the_number_of_distinct_batch_sizes
     # counts of decode and verify steps (ops_linear.MAX_ROWS) go there now.
     import torch
 
-    from patches import ops_linear
+    from nanospec.cpu import ops_linear
 
     layer = torch.nn.Linear(64, 192, bias=False)
     ops_linear.linear(layer, torch.randn(1, 64), layer.weight, None)  # weight packed, first primitive

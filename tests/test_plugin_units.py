@@ -1,5 +1,6 @@
-"""NANOSPEC plugin pieces that need no server: registration, settings, head policy, candidate
-streams, the draft head and the runtime's prefill / verify / release bookkeeping."""
+"""NANOSPEC pieces that need no server: registration, settings, the core's head policy, candidate
+streams and proposer (``nanospec.policy`` / ``streams`` / ``proposer``), the draft-step id map and the
+runtime's prefill / verify / release bookkeeping."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nanospec import NanoSpecConfig
-from nanospec.sglang import policy, streams
-from nanospec.sglang.heads import DraftHead, union_columns
+from nanospec import NanoSpecConfig, policy, streams
+from nanospec.proposer import Proposer, union_columns
 from nanospec.sglang.runtime import Runtime, prefill_topk
 from nanospec.sglang.settings import Settings, check_against_model, load_settings
 
@@ -51,17 +51,44 @@ def test_entry_point_registers_nanospec_with_sglang():
 
 
 def test_eagle3_detection_follows_the_draft_config(tmp_path, monkeypatch):
-    from nanospec.sglang.algo import DRAFT_KIND_ENV, NanoSpecAlgo, draft_is_eagle3
+    import sglang.srt.runtime_context as rc
 
-    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"]}')
-    assert draft_is_eagle3(str(tmp_path))
-    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle"]}')
-    assert not draft_is_eagle3(str(tmp_path))
+    from nanospec.sglang.algo import NanoSpecAlgo, draft_is_eagle3
+
+    e3, e2 = tmp_path / "e3", tmp_path / "e2"
+    for d, arch in ((e3, "LlamaForCausalLMEagle3"), (e2, "LlamaForCausalLMEagle")):
+        d.mkdir()
+        (d / "config.json").write_text(f'{{"architectures": ["{arch}"]}}')
+    assert draft_is_eagle3(str(e3)) and not draft_is_eagle3(str(e2))
     algo = NanoSpecAlgo("NANOSPEC_T", lambda a: None)
-    monkeypatch.setenv(DRAFT_KIND_ENV, "1")
-    assert algo.is_eagle3()
-    monkeypatch.setenv(DRAFT_KIND_ENV, "0")
-    assert not algo.is_eagle3()
+    # Every SGLang process asks its own runtime context for the draft: no environment side channel.
+    for d, want in ((e3, True), (e2, False)):
+        monkeypatch.setattr(rc, "get_spec", lambda d=d: SimpleNamespace(speculative_draft_model_path=str(d)))
+        assert algo.is_eagle3() is want
+    assert "NANOSPEC_DRAFT_IS_EAGLE3" not in __import__("os").environ
+
+
+def test_server_arg_overrides_are_logged(caplog):
+    from nanospec.sglang.algo import NanoSpecAlgo
+
+    args = SimpleNamespace(speculative_num_steps=None, speculative_eagle_topk=None,
+                           speculative_num_draft_tokens=8, max_running_requests=None, device="cpu",
+                           disable_overlap_schedule=False, enable_mixed_chunk=True)
+    with caplog.at_level("WARNING", logger="nanospec.sglang.seam"):
+        NanoSpecAlgo("NANOSPEC_T", lambda a: None).handle_server_args(args)
+    tree = (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens)
+    assert tree == (3, 1, 8)
+    assert args.max_running_requests == 48 and args.disable_overlap_schedule and not args.enable_mixed_chunk
+    logged = [r.getMessage() for r in caplog.records]
+    for name in ("speculative_num_steps", "speculative_eagle_topk", "max_running_requests",
+                 "disable_overlap_schedule", "enable_mixed_chunk"):
+        assert sum(m.startswith(f"NANOSPEC sets {name} = ") for m in logged) == 1, name
+    assert not any("speculative_num_draft_tokens" in m for m in logged)  # given by the user: kept
+    # Nothing to change, nothing logged.
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="nanospec.sglang.seam"):
+        NanoSpecAlgo("NANOSPEC_T", lambda a: None).handle_server_args(args)
+    assert not caplog.records
 
 
 # -- settings ----------------------------------------------------------------------------------
@@ -147,10 +174,10 @@ def test_missing_prefix_rows_leave_the_stream_as_prompt_plus_computed_candidates
     rows = torch.tensor([[20, 21], [21, 22], [6, 23]])  # positions 2..4 only (2 tokens cached)
     full = streams.fill_missing_rows(rows, 2)
     assert full.shape == (5, 2)
-    dv_head = DraftHead(torch.randn(32, 4), 2, NanoSpecConfig(w_max=16))
-    dv_head.dv.start(1, torch.tensor(prompt), full)
+    prop = Proposer(torch.randn(32, 4), 2, NanoSpecConfig(w_max=16))
+    prop.start(1, torch.tensor(prompt), full)
     expected = window_vocab(reference_stream(prompt, rows.tolist()), 16)
-    assert dv_head.dv.active(1).tolist() == expected
+    assert prop.dv.active(1).tolist() == expected
 
 
 @pytest.mark.parametrize("sources", ["full", "context", "extension"])
@@ -199,14 +226,14 @@ def test_prefill_topk_matches_the_full_logits_in_chunks(monkeypatch):
     assert torch.equal(got, (h @ w.T).topk(3, dim=-1).indices)
 
 
-# -- draft head -------------------------------------------------------------------------------------
+# -- proposer (the core's draft head) ---------------------------------------------------------------
 
 def _head(kind: str, w_max=8, hot=None, target_vocab=None, vocab=64, dim=16):
     torch.manual_seed(0)
-    head = DraftHead(torch.randn(vocab, dim), 4, NanoSpecConfig(w_max=w_max), head=kind, hot=hot,
-                     target_vocab=target_vocab)
-    head.dv.start(1, torch.tensor([3, 9, 12]), torch.tensor([[5, 3], [9, 40], [41, 3]]))
-    head.dv.start(2, torch.tensor([7, 7, 50]), None)
+    head = Proposer(torch.randn(vocab, dim), 4, NanoSpecConfig(w_max=w_max), head=kind, hot=hot,
+                    target_vocab=target_vocab)
+    head.start(1, torch.tensor([3, 9, 12]), torch.tensor([[5, 3], [9, 40], [41, 3]]))
+    head.start(2, torch.tensor([7, 7, 50]), None)
     return head
 
 
@@ -215,8 +242,9 @@ def test_each_head_proposes_the_best_token_of_its_vocabulary(kind):
     head = _head(kind)
     reqs = torch.tensor([1, 2])
     hidden = torch.randn(4, 16)  # two rows per request (topk = 2 draft rows)
-    logits = head.logits(hidden, reqs)
-    ids = head.token_ids(logits.argmax(-1, keepdim=True))[:, 0]
+    out = head.logits(hidden, reqs)
+    assert out.kind == kind
+    ids = out.token_ids(out.logits.argmax(-1, keepdim=True))[:, 0]
     full = hidden @ head.weight.T
     vocab = {1: [3, 5, 9, 12, 40, 41], 2: [7, 50]}
     allowed = {"packed": [vocab[1], vocab[1], vocab[2], vocab[2]],
@@ -226,8 +254,30 @@ def test_each_head_proposes_the_best_token_of_its_vocabulary(kind):
         best = max(allowed[r], key=lambda t: full[r, t].item())
         assert ids[r].item() == best
     # draft-extend keeps its top-k beyond the call: logits go back to vocabulary positions
-    scattered = head.scatter_to_vocab(logits)
+    scattered = out.to_vocab()
     assert scattered.shape == (4, 64) and torch.equal(scattered.argmax(-1), ids)
+
+
+def test_column_map_belongs_to_its_own_logits_not_to_the_last_call():
+    # Two calls with the slots in opposite orders, looked up in the opposite order: each map still
+    # answers for its own logits (the old DraftHead.token_ids read the last call's slots).
+    head = _head("packed")
+    h1, h2 = torch.randn(2, 16), torch.randn(2, 16)
+    first = head.logits(h1, torch.tensor([1, 2]))
+    second = head.logits(h2, torch.tensor([2, 1]))
+    vocab = {1: [3, 5, 9, 12, 40, 41], 2: [7, 50]}
+    for out, h, slots in ((first, h1, (1, 2)), (second, h2, (2, 1))):
+        full = h @ head.weight.T
+        got = out.token_ids(out.logits.argmax(-1, keepdim=True))[:, 0].tolist()
+        assert got == [max(vocab[s], key=lambda t: full[r, t].item()) for r, s in enumerate(slots)]
+
+
+def test_token_ids_of_a_tree_expanded_top_k_follow_the_logits_rows():
+    head = _head("packed")
+    out = head.logits(torch.randn(2, 16), torch.tensor([1, 2]))
+    cols = out.logits.topk(2, dim=-1).indices  # [2, 2]
+    expanded = cols.repeat_interleave(2, dim=0)  # SGLang's tree repeats each row topk times
+    assert torch.equal(out.token_ids(expanded), out.token_ids(cols).repeat_interleave(2, dim=0))
 
 
 def test_union_columns_are_the_distinct_active_tokens():
@@ -238,10 +288,35 @@ def test_union_columns_are_the_distinct_active_tokens():
 def test_reduced_draft_vocabulary_maps_rows_back_to_target_ids():
     hot = torch.arange(64) * 2  # draft row r is target token 2r
     head = _head("packed", hot=hot, target_vocab=128)
-    logits = head.logits(torch.randn(2, 16), torch.tensor([1, 2]))
-    ids = head.token_ids(logits.argmax(-1, keepdim=True))
+    out = head.logits(torch.randn(2, 16), torch.tensor([1, 2]))
+    ids = out.token_ids(out.logits.argmax(-1, keepdim=True))
     assert all(i % 2 == 0 for i in ids.view(-1).tolist())
-    assert head.scatter_to_vocab(logits).shape == (2, 128)
+    assert out.to_vocab().shape == (2, 128)
+
+
+def test_unknown_head_is_rejected():
+    with pytest.raises(ValueError, match="head must be one of"):
+        Proposer(torch.randn(8, 4), 1, NanoSpecConfig(w_max=4), head="tiny")
+
+
+# -- the draft step's id map (SGLang's hot_token_id) ------------------------------------------------
+
+def test_id_map_maps_only_columns_of_the_last_draft_logits():
+    from nanospec.sglang.hooks import IdMap
+
+    head = _head("packed")
+    ids = IdMap(head.out_vocab)
+    entry = torch.tensor([[12], [50]])  # draft-extend's top-k: vocabulary ids already
+    assert ids[entry] is entry  # nothing pending: passed through
+    out = head.logits(torch.randn(2, 16), torch.tensor([1, 2]))
+    ids.expect(out)
+    cols = out.logits.argmax(-1, keepdim=True)
+    assert torch.equal(ids[cols], out.token_ids(cols))
+    assert ids[cols] is cols  # consumed: a second lookup has no logits to map
+    ids.expect(out)
+    ids.clear()  # a new draft pass
+    assert ids[entry] is entry
+    assert len(ids) == 64 and ids.shape == (64,)
 
 
 # -- runtime ----------------------------------------------------------------------------------------
@@ -259,15 +334,15 @@ def test_chunked_prefill_builds_the_same_stream_as_one_chunk():
     ids = [3, 4, 5, 6, 7, 8]
     topk = torch.tensor([[10, 11], [12, 10], [13, 14], [15, 11], [16, 17], [18, 19]])
     one, two = _runtime(w_max=9), _runtime(w_max=9)
-    one.pending_topk = topk
+    one.stash_prefill_topk(topk)
     one.start_batch(SimpleNamespace(reqs=[_req("a", ids, 1)], prefix_lens=[0], extend_lens=[6]))
     req = _req("a", ids, 2)
-    two.pending_topk = topk[:4]
+    two.stash_prefill_topk(topk[:4])
     two.start_batch(SimpleNamespace(reqs=[req], prefix_lens=[0], extend_lens=[4], chunked_req=req))
-    two.pending_topk = topk[4:]
+    two.stash_prefill_topk(topk[4:])
     two.start_batch(SimpleNamespace(reqs=[req], prefix_lens=[4], extend_lens=[2], chunked_req=None))
-    assert one.dv.active(1).tolist() == two.dv.active(2).tolist()
-    assert one.dv.active(1).tolist() == window_vocab(reference_stream(ids, topk.tolist()), 9)
+    assert one.proposer.dv.active(1).tolist() == two.proposer.dv.active(2).tolist()
+    assert one.proposer.dv.active(1).tolist() == window_vocab(reference_stream(ids, topk.tolist()), 9)
     assert two.starts == 1  # a continued chunk is the same request
 
 
@@ -279,7 +354,7 @@ def test_prefill_without_target_topk_is_an_error():
 
 def test_verify_step_records_hits_extends_and_release_reports():
     rt = _runtime(w_max=32, k_ver=1)
-    rt.pending_topk = torch.tensor([[20], [21]])
+    rt.stash_prefill_topk(torch.tensor([[20], [21]]))
     rt.start_batch(SimpleNamespace(reqs=[_req("a", [1, 2], 3)], prefix_lens=[0], extend_lens=[2]))
     logits = torch.zeros(2, 64)
     logits[0, 33], logits[1, 34] = 1.0, 1.0
@@ -287,7 +362,7 @@ def test_verify_step_records_hits_extends_and_release_reports():
     rt.after_verify(reqs=torch.tensor([3]), draft_tokens=torch.tensor([2, 21]),
                     accept_index=torch.tensor([[0, 1]]), accept_lens=torch.tensor([2]),
                     predict=torch.tensor([21, 34]), logits=logits)
-    assert {33, 34} <= set(rt.dv.active(3).tolist())
+    assert {33, 34} <= set(rt.proposer.dv.active(3).tolist())
     stats = rt.release(3)
     assert stats == {"mean_active_vocab": 4.0, "hit_rate": 0.5, "draft_steps": 1.0}
     assert rt.release(3) is None  # idempotent

@@ -2,7 +2,7 @@
 
 A tiny random float32 Llama and a random full-vocabulary EAGLE-3 draft (built by tests/support) are
 served twice, plainly and with ``--speculative-algorithm EAGLE3``, with only ``--device cpu``: the
-``patches/`` start-up hook supplies the sgl_kernel ops, ``SGLANG_USE_CPU_ENGINE`` and the CPU defaults.
+``nanospec.cpu`` start-up hook supplies the sgl_kernel ops, ``SGLANG_USE_CPU_ENGINE`` and the CPU defaults.
 Greedy outputs of 4 concurrent prompts x 32 tokens must be identical through ``/generate`` and
 ``/v1/chat/completions``, and the plain ones must equal transformers' greedy decoding.
 """
@@ -122,7 +122,7 @@ def test_eagle3_server_really_speculates_on_the_fallback_ops(eagle_results):
 
 
 def test_eagle3_samples_at_temperature_one_instead_of_taking_the_argmax(eagle_results):
-    """SGLang 0.5.23 verifies greedily on CPU at any temperature; patches/ makes it sample. With a
+    """SGLang 0.5.23 verifies greedily on CPU at any temperature; nanospec/cpu/ makes it sample. With a
     random model (logit std ~3 over 512 tokens) 4 x 32 sampled tokens equal to greedy are impossible."""
     assert [len(ids) for ids in eagle_results["sampled"]] == [MAX_NEW] * len(PROMPTS)
     assert eagle_results["sampled"] != eagle_results["ids"]
@@ -131,4 +131,4 @@ def test_eagle3_samples_at_temperature_one_instead_of_taking_the_argmax(eagle_re
 def test_cpu_defaults_come_from_the_patch_layer(plain_results):
     info = plain_results["info"]
     assert info["device"] == "cpu"
-    assert info["max_total_tokens"] == 32768  # patches.sglang_fixes.CPU_DEFAULT_MAX_TOTAL_TOKENS
+    assert info["max_total_tokens"] == 32768  # nanospec.cpu.sglang_fixes.CPU_DEFAULT_MAX_TOTAL_TOKENS

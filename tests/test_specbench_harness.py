@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from nanospec.bench import specbench as sb
+from nanospec.data import load_questions
 from tests.support.tiny_models import make_tiny_eagle3_draft, make_tiny_llama, make_tokenizer
 
 QUESTIONS = [
@@ -33,10 +34,10 @@ def qfile(tmp_path):
 
 
 def test_questions_are_bounded_per_category_and_in_total(qfile):
-    assert [q["question_id"] for q in sb.load_questions(qfile)] == [1, 2, 3, 4]
-    assert [q["question_id"] for q in sb.load_questions(qfile, per_category=1)] == [1, 3, 4]
-    assert [q["question_id"] for q in sb.load_questions(qfile, num_questions=2, per_category=1)] == [1, 3]
-    assert [q["question_id"] for q in sb.load_questions(qfile, categories=["math", "coding"])] == [3, 4]
+    assert [q["question_id"] for q in load_questions(qfile)] == [1, 2, 3, 4]
+    assert [q["question_id"] for q in load_questions(qfile, per_category=1)] == [1, 3, 4]
+    assert [q["question_id"] for q in load_questions(qfile, num_questions=2, per_category=1)] == [1, 3]
+    assert [q["question_id"] for q in load_questions(qfile, categories=["math", "coding"])] == [3, 4]
 
 
 @pytest.mark.parametrize("line, message", [("not json", "not JSON"), ('{"turns": []}', "turns"),
@@ -44,11 +45,13 @@ def test_questions_are_bounded_per_category_and_in_total(qfile):
 def test_malformed_question_lines_are_clear_errors(tmp_path, line, message):
     p = tmp_path / "q.jsonl"
     p.write_text(line + "\n")
-    with pytest.raises(SystemExit, match=message):
-        sb.load_questions(p)
+    with pytest.raises(ValueError, match=message):
+        load_questions(p)
+    with pytest.raises(SystemExit, match=message):  # the harness stops with the same message
+        sb.run(sb.parse_args(["--target", "m", "--draft", "d", "--questions", str(p)]))
 
 
-def test_missing_question_file_is_an_error_and_no_shared_file_means_the_packaged_one(tmp_path, monkeypatch):
+def test_missing_question_file_is_an_error_and_the_default_is_the_packaged_one(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert sb.find_questions(None).name == "mt_bench.jsonl"  # nanospec/data's copy
     with pytest.raises(SystemExit, match="not found"):
@@ -221,13 +224,6 @@ def tiny_pair(tmp_path_factory):
     return target, make_tiny_eagle3_draft(root / "run" / "final", target)
 
 
-def test_top_ids_force_eos_then_take_the_most_counted_then_the_lowest_ids():
-    counts = torch.tensor([0, 5, 5, 0, 1, 9])
-    assert sb.top_ids(counts, 3, forced=[3]).tolist() == [1, 3, 5]
-    assert sb.top_ids(counts, 5, forced=[]).tolist() == [0, 1, 2, 4, 5]  # unseen 0 before unseen 3
-    assert sb.top_ids(counts, 6, forced=[99]).tolist() == list(range(6))  # out-of-range ids are ignored
-
-
 def test_prompt_static_draft_keeps_the_prompts_most_frequent_tokens(tiny_pair, tmp_path):
     from transformers import AutoTokenizer
 
@@ -265,7 +261,7 @@ def test_static_head_uses_the_training_token_counts_when_the_run_has_them(tiny_p
     target, draft = tiny_pair
     assert sb.find_token_counts(draft, None) is None
     counts = draft.parent / "token_counts.safetensors"
-    counts.write_bytes(b"")  # only its presence matters here; train.export reads it
+    counts.write_bytes(b"")  # only its presence matters here; nanospec.train.export reads it
     exported = []
     monkeypatch.setattr(sb, "static_draft", lambda d, n, out, c: exported.append((d, n, c)) or out)
     try:
@@ -278,6 +274,20 @@ def test_static_head_uses_the_training_token_counts_when_the_run_has_them(tiny_p
     assert "training tokens" in how
     with pytest.raises(SystemExit, match="not found"):
         sb.find_token_counts(draft, str(tmp_path / "nope.safetensors"))
+
+
+def test_a_draft_of_another_target_stops_the_run_before_any_server(tiny_pair, tmp_path, monkeypatch):
+    _, draft = tiny_pair
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"vocab_size": 640, "hidden_size": 64}))
+    monkeypatch.setattr(sb, "run_method", lambda *a, **k: pytest.fail("a server was started"))
+    a = sb.parse_args(["--target", str(other), "--draft", str(draft), "--methods", "ar,eagle3"])
+    with pytest.raises(SystemExit, match=r"--draft: .*final/config.json: .*512 tokens.*vocab_size 640"):
+        sb.run(a)
+    a = sb.parse_args(["--target", str(other), "--draft", str(tmp_path / "nope"), "--methods", "nanospec"])
+    with pytest.raises(SystemExit, match="nope: no such directory"):
+        sb.run(a)
 
 
 # -- --make-tiny ----------------------------------------------------------------------------------------
@@ -304,7 +314,7 @@ def test_bad_make_tiny_command_lines_are_rejected(argv, message, capsys):
 
 
 def test_make_tiny_models_are_built_once_and_reused(tmp_path):
-    from nanospec.bench.tiny import make_tiny
+    from nanospec.testing import make_tiny
 
     target, draft = make_tiny(tmp_path, 512, 64)
     assert json.loads((target / "config.json").read_text())["num_attention_heads"] == 8

@@ -6,8 +6,16 @@ import logging
 
 import pytest
 
+from nanospec.train.data import (
+    batch_indices,
+    collate,
+    load_samples,
+    normalize,
+    read_records,
+    render,
+    token_counts,
+)
 from tests.support.tiny_models import make_tokenizer
-from train.data import batch_indices, collate, load_samples, normalize, read_records, render, token_counts
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +157,7 @@ def test_batch_order_is_a_function_of_seed_and_step_and_covers_each_epoch():
 def test_collate_pads_right_and_token_counts_see_only_assistant_tokens(tok):
     a = render(tok, CONVO, 1000)
     b = render(tok, CONVO[:3], 1000)
-    from train.data import Sample
+    from nanospec.train.data import Sample
 
     batch = collate([Sample(*a), Sample(*b)], pad_id=2)
     assert batch["input_ids"].shape == (2, len(a[0]))

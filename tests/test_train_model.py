@@ -4,10 +4,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from nanospec.train.export import load_draft, save_draft
+from nanospec.train.model import Eagle3Draft, check_aux_layer_ids, default_aux_layer_ids, draft_config
+from nanospec.train.target import features
 from tests.support.tiny_models import eagle3_reference_step, make_tiny_eagle3_draft, make_tiny_llama
-from train.export import load_draft, save_draft
-from train.model import Eagle3Draft, check_aux_layer_ids, default_aux_layer_ids, draft_config
-from train.target import features
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""train/eagle3.py end to end on a tiny random Llama: run, resume, config, export, evaluation, learning."""
+"""train/eagle3.py end to end on a tiny random Llama: run, resume, config, export, evaluation, learning,
+and the CPU recipe (the target's top-K, the sampled softmax, held-out scores during training)."""
 
 import json
 import os
@@ -10,12 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoConfig
 
+from nanospec.train import config as train_config
+from nanospec.train import evaluate as train_evaluate
+from nanospec.train import export as train_export
+from nanospec.train.eagle3 import main as train_main
+from nanospec.train.model import Eagle3Draft, candidate_set, draft_config
 from tests.support.tiny_models import make_tiny_llama
-from train import config as train_config
-from train import evaluate as train_evaluate
-from train import export as train_export
-from train.eagle3 import main as train_main
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ["one", "two", "three", "four", "five", "six"]
@@ -151,8 +154,8 @@ def test_flags_override_yaml_keys_and_bad_options_are_named(tmp_path):
     opts = train_config.load(
         ["--config", str(yaml_path), "--lr", "0.25", "--target-model-path", "m", "--data-path", "d"]
     )
-    assert opts["lr"] == 0.25 and opts["ttt_steps"] == 4 and opts["aux_layer_ids"] == [0, 1, 2]
-    assert opts["output_dir"] == "/x" and opts["warmup_steps"] == 20  # 2% of the default 1000 steps
+    assert opts.lr == 0.25 and opts.ttt_steps == 4 and opts.aux_layer_ids == (0, 1, 2)
+    assert opts.output_dir == "/x" and opts.warmup_steps == 20  # 2% of the default 1000 steps
     yaml_path.write_text("learning_rate: 0.1\n")
     with pytest.raises(ValueError, match="unknown option 'learning_rate'"):
         train_config.load(["--config", str(yaml_path)])
@@ -319,7 +322,7 @@ def test_training_learns_the_target_on_a_patterned_corpus(target, corpus, tmp_pa
 def test_feature_cache_makes_a_second_run_skip_the_target_and_train_identically(
     target, corpus, tmp_path, monkeypatch
 ):
-    import train.target
+    import nanospec.train.target
 
     common = [
         "--target-model-path",
@@ -345,7 +348,7 @@ def test_feature_cache_makes_a_second_run_skip_the_target_and_train_identically(
     def no_target(*args, **kwargs):
         raise AssertionError("target forward ran although every feature is cached")
 
-    monkeypatch.setattr(train.target, "features", no_target)
+    monkeypatch.setattr(nanospec.train.target, "features", no_target)
     train_main([*common, "--output-dir", str(tmp_path / "b")])
     assert [r["loss"] for r in read_metrics(tmp_path / "a")] == [
         r["loss"] for r in read_metrics(tmp_path / "b")
@@ -366,4 +369,142 @@ def test_shipped_training_configs_use_only_known_options(name):
             "o",
         ]
     )
-    assert opts["ttt_steps"] >= 1 and opts["max_steps"] >= 1
+    assert opts.ttt_steps >= 1 and opts.max_steps >= 1
+
+
+@pytest.fixture(scope="module")
+def tiny_draft(tmp_path_factory):
+    """An untied draft for the tiny target (vocab 512) and random inputs for a 2 x 12 batch."""
+    torch.manual_seed(0)
+    cfg = draft_config(AutoConfig.from_pretrained(make_tiny_llama(tmp_path_factory.mktemp("t"))), None, False)
+    draft = Eagle3Draft(cfg)
+    b, t, h, v = 2, 12, cfg.hidden_size, cfg.vocab_size
+    aux = torch.randn(b, t, 3 * h)
+    embeds = torch.randn(b, t, h)
+    probs = torch.randn(b, t, v).mul(3).softmax(-1)
+    mask = torch.ones(b, t)
+    mask[1, 9:] = 0
+    return draft, aux, embeds, probs, mask
+
+
+def run_loss(draft, aux, embeds, probs, mask, **kw):
+    draft.zero_grad()
+    out = draft(aux, embeds, probs, mask, 3, 0.8, **kw)
+    out["loss"].backward()
+    return out
+
+
+def test_sampled_softmax_over_every_token_equals_the_full_softmax(tiny_draft):
+    draft, aux, embeds, probs, mask = tiny_draft
+    v = probs.shape[-1]
+    top = probs.topk(v, dim=-1)  # K = V: the top-K target is the full distribution, sorted
+    full = run_loss(draft, aux, embeds, probs, mask)
+    topk = run_loss(draft, aux, embeds, top.values, mask, target_ids=top.indices)
+    sampled = run_loss(draft, aux, embeds, top.values, mask, target_ids=top.indices,
+                       candidates=torch.arange(v), full_every=3)
+    for out in (topk, sampled):
+        torch.testing.assert_close(out["loss"], full["loss"], rtol=1e-5, atol=1e-5)
+        assert torch.equal(out["correct"], full["correct"]) and torch.equal(out["count"], full["count"])
+
+
+def test_sampled_softmax_reaches_only_the_candidate_head_rows_except_on_full_rows(tiny_draft):
+    draft, aux, embeds, probs, mask = tiny_draft
+    top = probs.topk(4, dim=-1)
+    tokens = torch.zeros(mask.shape, dtype=torch.long)
+    cands = candidate_set(top.indices, tokens, mask, 8, probs.shape[-1], seed=0)
+    run_loss(draft, aux, embeds, top.values, mask, target_ids=top.indices, candidates=cands, full_every=0)
+    touched = draft.lm_head.weight.grad.abs().sum(-1) > 0
+    outside = torch.ones_like(touched)
+    outside[cands] = False
+    assert touched[cands].any() and not touched[outside].any()
+    run_loss(draft, aux, embeds, top.values, mask, target_ids=top.indices, candidates=cands, full_every=2)
+    assert (draft.lm_head.weight.grad.abs().sum(-1) > 0)[outside].all()  # full rows push every row down
+
+
+def test_candidate_set_is_every_top_k_id_the_batch_tokens_and_seeded_negatives_sorted():
+    top = torch.tensor([[[7, 3], [3, 9], [60, 61]]])
+    tokens = torch.tensor([[5, 7, 62]])
+    valid = torch.tensor([[1, 1, 0]])  # padding: its ids must not decide the set
+    a = candidate_set(top, tokens, valid, 4, 50, seed=1)
+    assert torch.equal(a, torch.unique(a)) and {3, 5, 7, 9} <= set(a.tolist())
+    assert not {60, 61, 62} & set(a.tolist()) and len(a) <= 4 + 4
+    assert torch.equal(a, candidate_set(top, tokens, valid, 4, 50, seed=1))  # a resumed run draws the same
+
+
+def test_sampled_softmax_without_the_targets_top_k_is_refused(tiny_draft):
+    draft, aux, embeds, probs, mask = tiny_draft
+    with pytest.raises(ValueError, match="top-K"):
+        draft(aux, embeds, probs, mask, 2, candidates=torch.arange(8))
+
+
+RECIPE = ["--tie-head", "--target-topk", "8", "--sampled-softmax", "16", "--full-vocab-every", "4"]
+
+
+def test_recipe_run_scores_held_out_conversations_and_resumes_its_training_clock(target, corpus, tmp_path):
+    common = ["--target-model-path", str(target), "--data-path", str(corpus), "--output-dir", str(tmp_path),
+              "--max-steps", "4", "--ttt-steps", "2", "--batch-size", "2", "--max-length", "64",
+              "--eval-holdout", "4", "--eval-every", "2", "--save-every", "0",
+              "--hidden-cache-dir", str(tmp_path / "cache"), *RECIPE]
+    train_main([*common, "--stop-at-step", "2"])
+    assert not (tmp_path / "final").exists()
+    train_main([*common, "--resume"])
+    evals = [json.loads(x) for x in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [2, 4]
+    assert all(e["positions"] > 0 and e["accept_length_estimate"] >= 1 for e in evals)
+    seconds = [r["train_s"] for r in read_metrics(tmp_path)]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4]
+    assert seconds == sorted(seconds) and seconds[0] > 0  # the resumed run continues the clock
+    assert (tmp_path / "final" / "model.safetensors").is_file()
+
+
+def test_sampled_softmax_is_refused_without_top_k(target, corpus, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        train_main(["--target-model-path", str(target), "--data-path", str(corpus), "--output-dir",
+                    str(tmp_path), "--sampled-softmax", "16"])
+    assert e.value.code == 2
+
+
+def test_top_k_feature_cache_makes_a_second_run_skip_the_target_and_train_identically(
+    target, corpus, tmp_path, monkeypatch
+):
+    import nanospec.train.target
+
+    common = ["--target-model-path", str(target), "--data-path", str(corpus), "--max-steps", "3",
+              "--ttt-steps", "2", "--batch-size", "2", "--save-every", "0", "--max-length", "64",
+              "--hidden-cache-dir", str(tmp_path / "cache"), *RECIPE]
+    train_main([*common, "--output-dir", str(tmp_path / "a")])
+    stored = next((tmp_path / "cache").glob("*.safetensors"))
+    assert set(load_file(str(stored))) == {"aux", "topk_ids", "topk_probs"}  # no final hidden state
+
+    def no_target(*args, **kwargs):
+        raise AssertionError("target forward ran although every feature is cached")
+
+    monkeypatch.setattr(nanospec.train.target, "features", no_target)
+    train_main([*common, "--output-dir", str(tmp_path / "b")])
+    losses = [[r["loss"] for r in read_metrics(tmp_path / run)] for run in ("a", "b")]
+    assert losses[0] == losses[1]
+
+
+def test_recipe_learns_the_target_on_a_patterned_corpus(target, corpus, tmp_path):
+    """The tied head, top-K target and sampled softmax still take held-out agreement far above chance."""
+    train_main(["--target-model-path", str(target), "--data-path", str(corpus), "--output-dir", str(tmp_path),
+                "--max-steps", "200", "--ttt-steps", "3", "--batch-size", "4", "--lr", "3e-3",
+                "--eval-holdout", "8", "--save-every", "0", *RECIPE])
+    res = train_evaluate.main(["--draft", str(tmp_path / "final"), "--target-model-path", str(target),
+                               "--data-path", str(corpus), "--holdout", "8", "--steps", "3"])
+    assert res["acc_1"] > 0.5, res
+
+
+def test_options_are_one_frozen_dataclass_and_one_stop_reason_decides_checkpoint_and_export():
+    import dataclasses
+
+    from nanospec.train.eagle3 import stop_reason
+
+    opts = train_config.load(["--target-model-path", "m", "--data-path", "d", "--output-dir", "o",
+                              "--max-steps", "10", "--stop-at-step", "4", "--max-minutes", "1"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.lr = 1.0
+    assert stop_reason(opts, 3, False) is None
+    assert stop_reason(opts, 3, True) == "out_of_time"  # checkpoint and export
+    assert stop_reason(opts, 4, True) == "interrupted"  # checkpoint, no export: the interruption wins
+    assert stop_reason(opts, 10, True) == "done"  # the schedule's end always exports

@@ -12,9 +12,9 @@ import random
 import pytest
 import torch
 
+from nanospec.train.eagle3 import main as train_main
 from tests.support.sglang_server import SGLangServer
 from tests.support.tiny_models import agree_next_token, make_tiny_llama
-from train.eagle3 import main as train_main
 
 pytest.importorskip("sglang")
 

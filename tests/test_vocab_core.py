@@ -266,3 +266,17 @@ def test_short_streams_with_wide_rows_match_the_reference(backend: str):
             ref.extend(r, cands, [True] * width)
             assert dv.active(r).tolist() == ref.active(r)
             assert int(dv.state.count[r].min()) >= 0 and 0 <= int(dv.state.nfree[r]) <= w_max
+
+
+def test_column_tokens_is_the_map_logits_columns_follow():
+    torch.manual_seed(5)
+    weight = torch.randn(40, 6)
+    dv = DynamicVocab(weight, 3, NanoSpecConfig(w_max=8))
+    dv.start(2, torch.tensor([4, 9, 4, 31]), torch.tensor([[7, 9], [1, 2], [3, 7], [9, 9]]))
+    table = dv.column_tokens()
+    assert table.shape == (3, 8) and table.dtype == torch.int32
+    assert torch.equal(table[2], dv.token_ids(torch.tensor([2]), torch.arange(8)[None])[0].int())
+    logits = dv.logits(torch.randn(1, 6), torch.tensor([2]))[0]
+    live = table[2] >= 0
+    assert sorted(table[2][live].tolist()) == dv.active(2).tolist()
+    assert torch.isneginf(logits[~live]).all() and torch.isfinite(logits[live]).all()

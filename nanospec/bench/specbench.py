@@ -21,11 +21,11 @@ EAGLE3 ran, the draft step speed-up over EAGLE3's (EAGLE3's draft step time / th
         --methods eagle3,nanospec --max-turns 1 --num-questions 3 --max-new-tokens 48 --ignore-eos
 
 Writes ``specbench.json`` (summary and every request), ``specbench.md`` and ``specbench.png`` to --out,
-and the server logs and static draft to ``--work-dir`` (default OUT/work). The static head comes from
-``python -m train.export --top-n N`` (FR-Spec-style: the N most frequent training tokens) unless
-``--static-draft`` names one; a draft with no training token counts (e.g. a --make-tiny one) gets the N
-most frequent tokens of the benchmark's own prompts instead (then the lowest ids), an optimistic choice
-for the static baseline that the output says.
+and the server logs and static draft to ``--work-dir`` (default OUT/work). The static head is the
+draft's head pruned to the N most frequent training tokens (FR-Spec-style, ``nanospec.draft_format``, as
+``python -m nanospec.train.export --top-n N`` does) unless ``--static-draft`` names one; a draft with no
+training token counts (e.g. a --make-tiny one) gets the N most frequent tokens of the benchmark's own
+prompts instead (then the lowest ids), an optimistic choice for the static baseline that the output says.
 """
 
 from __future__ import annotations
@@ -33,19 +33,16 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nanospec import draft_format as fmt
 from nanospec.bench.server import Server
-from nanospec.data import questions_path
+from nanospec.data import load_questions, packaged_questions
 
-# Developer machines keep reading the shared copy; elsewhere the MT-bench file shipped in nanospec/data.
-DEFAULT_QUESTIONS = "../shared/data/mt_bench/question.jsonl"
 ALL_METHODS = ("ar", "eagle3", "eagle3-static", "nanospec", "nanospec-context", "nanospec-extension",
                "nanospec-indexed")
 DEFAULT_METHODS = "ar,eagle3,eagle3-static,nanospec"
@@ -71,43 +68,13 @@ class Method:
 # -- questions and prompts ----------------------------------------------------------------------------
 
 def find_questions(path: str | None) -> Path:
-    """The question file: ``path`` if given, else the shared MT-bench file when it exists, else the
-    MT-bench questions shipped with the package."""
+    """The question file: ``path`` if given, else the MT-bench questions shipped in nanospec/data."""
     if path:
         p = Path(path)
         if not p.is_file():
             raise SystemExit(f"question file not found: {p}")
         return p
-    return questions_path(DEFAULT_QUESTIONS)
-
-
-def load_questions(path: str | Path, num_questions: int | None = None, per_category: int | None = None,
-                   categories: list[str] | None = None) -> list[dict]:
-    """Questions in file order, at most ``per_category`` of each category, at most ``num_questions``."""
-    out, seen = [], {}
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                q = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SystemExit(f"{path}:{n}: not JSON ({e})") from e
-            turns = q.get("turns") if isinstance(q, dict) else None
-            if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
-                raise SystemExit(f"{path}:{n}: expected an object with a non-empty string list 'turns'")
-            cat = str(q.get("category", "default"))
-            if categories and cat not in categories:
-                continue
-            if per_category is not None and seen.get(cat, 0) >= per_category:
-                continue
-            seen[cat] = seen.get(cat, 0) + 1
-            out.append({"question_id": q.get("question_id", n), "category": cat, "turns": turns})
-            if num_questions is not None and len(out) >= num_questions:
-                break
-    if not out:
-        raise SystemExit(f"{path}: no questions selected")
-    return out
+    return packaged_questions()
 
 
 def render(tokenizer, turns: list[str], answers: list[str]) -> list[int]:
@@ -288,32 +255,28 @@ def write_results(summary: dict, runs: list[dict], meta: dict, out: Path) -> lis
 # -- methods and drafts ---------------------------------------------------------------------------------
 
 def static_draft(draft: Path, top_n: int, out: Path, token_counts: str | None) -> Path:
-    """FR-Spec-style static top-N copy of ``draft`` made by ``python -m train.export`` (cached in ``out``)."""
-    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+    """FR-Spec-style static top-N copy of ``draft`` (cached in ``out``): its head keeps the ``top_n`` most
+    frequent training tokens of ``token_counts`` (default: the run directory's), EOS forced in."""
+    if (out / fmt.CONFIG_NAME).is_file() and (out / fmt.WEIGHTS_NAME).is_file():
         return out
-    repo = Path(__file__).resolve().parents[2]
-    if not (repo / "train" / "export.py").is_file():
-        raise SystemExit("eagle3-static needs train/export.py (a repository checkout) or --static-draft")
-    dtype = json.loads((draft / "config.json").read_text()).get("torch_dtype", "bfloat16")
-    cmd = [sys.executable, "-m", "train.export", "--checkpoint", str(draft), "--output", str(out),
-           "--top-n", str(top_n), "--dtype", dtype if dtype in ("float32", "float16") else "bfloat16"]
-    cmd += ["--token-counts", str(token_counts)] if token_counts else []
-    r = subprocess.run(cmd, cwd=repo, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"static top-{top_n} export failed ({' '.join(cmd)}):\n{r.stdout}{r.stderr}\n"
-                         "give --token-counts RUN/token_counts.safetensors or --static-draft DIR")
-    return out
+    counts = token_counts or fmt.find_token_counts(draft)
+    try:
+        if counts is None:
+            raise fmt.DraftFormatError(f"no {fmt.TOKEN_COUNTS_NAME} beside {draft}")
+        return fmt.static_top_n(draft, out, top_n, fmt.load_token_counts(counts))
+    except ValueError as e:
+        raise SystemExit(f"static top-{top_n} export failed: {e}\n"
+                         "give --token-counts RUN/token_counts.safetensors or --static-draft DIR") from e
 
 
 def find_token_counts(draft: Path, given: str | None) -> Path | None:
     """Training token counts for the static export: ``given``, else ``token_counts.safetensors`` where
-    train.export looks (the parent of RUN/final, the grandparent of RUN/checkpoints/step_N), else None."""
+    ``draft_format.find_token_counts`` (and nanospec.train.export) looks, else None."""
     if given:
         if not Path(given).is_file():
             raise SystemExit(f"--token-counts {given} not found")
         return Path(given)
-    near = [d / "token_counts.safetensors" for d in (draft.parent, draft.parent.parent)]
-    return next((c for c in near if c.is_file()), None)
+    return fmt.find_token_counts(draft)
 
 
 def prompt_token_counts(tokenizer, questions: list[dict], max_turns: int, vocab_size: int):
@@ -329,42 +292,15 @@ def prompt_token_counts(tokenizer, questions: list[dict], max_turns: int, vocab_
     return counts
 
 
-def top_ids(counts, n: int, forced: list[int]):
-    """(n,) ascending ids: ``forced`` ids, then the most counted, ties (and unseen ids) by lowest id."""
-    import torch
-
-    score = counts.double().clone()
-    score[[i for i in forced if 0 <= i < counts.numel()]] = float("inf")
-    # A stable sort keeps equal scores in id order, so ties go to the lowest ids.
-    order = torch.sort(score, descending=True, stable=True).indices[:n]
-    return torch.sort(order).values
-
-
 def prompt_static_draft(draft: Path, top_n: int, out: Path, counts) -> Path:
     """FR-Spec-style copy of the full-vocabulary EAGLE-3 ``draft`` in ``out`` whose head keeps the
-    ``top_n`` ids of ``counts`` (V,) (EOS forced in, as train.export does): ``lm_head.weight`` [top_n, H],
-    ``d2t`` [top_n] (kept id minus draft id, SGLang's format), ``t2d`` [V] bool, and config
-    ``draft_vocab_size = top_n``."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    cfg = json.loads((draft / "config.json").read_text())
-    weights = load_file(str(draft / "model.safetensors"))
-    head = weights["lm_head.weight"]
-    if "d2t" in weights or head.shape[0] != counts.numel():
-        raise SystemExit(f"{draft} is not a full-vocabulary draft; give --static-draft DIR")
-    eos = cfg.get("eos_token_id")
-    hot = top_ids(counts, top_n, [] if eos is None else [eos] if isinstance(eos, int) else list(eos))
-    out.mkdir(parents=True, exist_ok=True)
-    for f in draft.iterdir():  # tokenizer files and anything else SGLang may read
-        if f.is_file() and f.name not in ("model.safetensors", "config.json"):
-            shutil.copy(f, out / f.name)
-    t2d = torch.zeros(head.shape[0], dtype=torch.bool)
-    t2d[hot] = True
-    weights.update({"lm_head.weight": head[hot].contiguous(), "d2t": hot - torch.arange(top_n), "t2d": t2d})
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps({**cfg, "draft_vocab_size": top_n}, indent=2))
-    return out
+    ``top_n`` ids of ``counts`` (V,) (EOS forced in, as nanospec.train.export does):
+    ``lm_head.weight`` [top_n, H], ``d2t`` [top_n] (kept id minus draft id, SGLang's format),
+    ``t2d`` [V] bool, and config ``draft_vocab_size = top_n``."""
+    try:
+        return fmt.static_top_n(draft, out, top_n, counts)
+    except ValueError as e:
+        raise SystemExit(f"{e}; give --static-draft DIR") from e
 
 
 def choose_static_draft(a: argparse.Namespace, tokenizer, questions: list[dict],
@@ -377,7 +313,7 @@ def choose_static_draft(a: argparse.Namespace, tokenizer, questions: list[dict],
     exported = work / f"draft_static_top{n}"
     counts = find_token_counts(a.draft, a.token_counts)
     if counts is not None or (exported / "model.safetensors").is_file():
-        how = f"static top-{n} head of the most frequent training tokens (train.export, {counts or 'cached'})"
+        how = f"static top-{n} head of the most frequent training tokens ({counts or 'cached'})"
         return static_draft(a.draft, n, exported, str(counts) if counts else None), how
     counts = prompt_token_counts(tokenizer, questions, a.max_turns, vocab)
     return prompt_static_draft(a.draft, n, work / f"draft_static_top{n}_prompts", counts), \
@@ -398,10 +334,24 @@ def make_methods(names: list[str], draft: Path | None, static: Path | None,
     return methods
 
 
+def check_drafts(a: argparse.Namespace, target: str | Path) -> None:
+    """Stop before any server starts when a draft the methods need is missing, truncated or made for
+    another target (vocabulary or hidden size; checked when ``target`` is a local directory)."""
+    needed = [("--draft", a.draft)] if any(m not in ("ar", "eagle3-static") for m in a.methods) else []
+    if "eagle3-static" in a.methods:
+        needed.append(("--static-draft", a.static_draft) if a.static_draft else ("--draft", a.draft))
+    for flag, path in needed:
+        try:
+            fmt.check_draft_dir(path, target if Path(target).is_dir() else None)
+        except fmt.DraftFormatError as e:
+            raise SystemExit(f"{flag}: {e}") from e
+
+
 def base_server_args(device: str, dtype: str, extra: str) -> list[str]:
     args = ["--device", device, "--dtype", dtype, "--skip-server-warmup", "--max-running-requests", "4"]
     if device == "cpu":
-        # The patches/ hook gives CPU runs their backend and KV bound; keep the KV pool small on shared hosts.
+        # The nanospec.cpu hook gives CPU runs their backend and KV bound; keep the KV pool small on shared
+        # hosts.
         args += ["--attention-backend", "intel_amx", "--max-total-tokens", "8192"]
     return args + extra.split()
 
@@ -419,8 +369,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--static-top-n", type=int, default=32000, help="N of the static head (capped at V)")
     ap.add_argument("--token-counts", help="token_counts.safetensors for the static export "
                     "(default: the draft's run directory's)")
-    ap.add_argument("--questions", help=f"Spec-Bench jsonl (default: {DEFAULT_QUESTIONS} when present, "
-                    "else the 80 MT-bench questions shipped in nanospec/data)")
+    ap.add_argument("--questions", help="Spec-Bench jsonl (default: the 80 MT-bench questions shipped in "
+                    "nanospec/data)")
     ap.add_argument("--num-questions", type=int)
     ap.add_argument("--per-category", type=int)
     ap.add_argument("--categories", help="comma-separated categories to keep")
@@ -465,16 +415,20 @@ def run(a: argparse.Namespace, tokenizer=None) -> tuple[dict, list[dict], list[P
 
     from nanospec.models import resolve
 
-    questions = load_questions(find_questions(a.questions), a.num_questions, a.per_category,
-                               a.categories.split(",") if a.categories else None)
+    try:
+        questions = load_questions(find_questions(a.questions), a.num_questions, a.per_category,
+                                   a.categories.split(",") if a.categories else None)
+    except ValueError as e:
+        raise SystemExit(str(e)) from e
     if a.make_tiny:
-        from nanospec.bench.tiny import make_tiny
+        from nanospec.testing import make_tiny
 
         print(f"[specbench] tiny random target + EAGLE-3 draft (V={a.vocab}, d={a.hidden}) in {a.make_tiny}",
               flush=True)
         tiny_target, a.draft = make_tiny(a.make_tiny, a.vocab, a.hidden)
         a.target = str(tiny_target)
     target = resolve(a.target)
+    check_drafts(a, target)
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(target)
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = a.dtype or ("float32" if device == "cpu" else "auto")

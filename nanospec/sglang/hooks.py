@@ -1,5 +1,12 @@
-"""The few places NanoSpec attaches to SGLang objects (instances, not classes, except the one
-tokenizer-side meta_info hook registered through SGLang's plugin HookRegistry)."""
+"""NanoSpec's attachments to live SGLang objects and the tokenizer-side meta_info hook.
+
+``install_*`` replace attributes of single instances (the target's and the draft's logits processors,
+this server's ``req_to_token`` pool) and add a filter to one logger; ``NanoSpecDraftWorker.init_lm_head``
+calls them when the draft worker starts. ``collapse_meta`` is the one function here registered through
+SGLang's HookRegistry (by ``nanospec.sglang.register``, with the other hooks). Each attachment is a
+row of ``seam.SEAM``, which says why no SGLang extension point serves; the writes go through
+``seam.patch`` so that an undocumented one fails at once.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +14,14 @@ import logging
 
 import torch
 
+from nanospec.proposer import DraftLogits
+from nanospec.sglang import seam
 from nanospec.sglang.runtime import Runtime, prefill_topk
 
 META_KEY = "nanospec"
+LOGITS_FORWARD = "sglang.srt.layers.logits_processor.LogitsProcessor.forward"
+LOGITS_GET = "sglang.srt.layers.logits_processor.LogitsProcessor._get_logits"
+POOL_FREE = "sglang.srt.mem_cache.memory_pool.ReqToTokenPool.free"
 METRICS_LOGGER = "sglang.srt.managers.scheduler_components.metrics_reporter"
 
 
@@ -25,11 +37,11 @@ def install_prefill_topk(proc, runtime: Runtime) -> None:
         fb = logits_metadata
         if isinstance(fb, ForwardBatch) and fb.forward_mode == ForwardMode.EXTEND:
             real = hidden_states[: prompt_rows(fb, hidden_states.shape[0])]
-            runtime.pending_topk = prefill_topk(
-                real, lambda h: proc._compute_lm_head(h, lm_head), proc.vocab_size, k)
+            runtime.stash_prefill_topk(prefill_topk(
+                real, lambda h: proc._compute_lm_head(h, lm_head), proc.vocab_size, k))
         return original(input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs)
 
-    proc.forward = forward
+    seam.patch(proc, "forward", forward, LOGITS_FORWARD)
 
 
 def prompt_rows(fb, rows: int) -> int:
@@ -45,15 +57,16 @@ def prompt_rows(fb, rows: int) -> int:
     return rows if n is None else min(int(n), rows)
 
 
-def install_draft_head(proc, runtime: Runtime) -> None:
-    """Route the draft model's LM head through NanoSpec. proc: the draft's LogitsProcessor.
+def install_draft_head(proc, runtime: Runtime, ids: IdMap) -> None:
+    """Route the draft model's LM head through the proposer. proc: the draft's LogitsProcessor.
 
-    Draft decode steps get packed-column logits (mapped back by ``IdMap``); draft-extend passes get
-    logits scattered into the vocabulary (their top-k is kept across scheduler iterations and batch
-    changes, so it must already be in vocabulary ids).
+    Draft decode steps get packed-column logits; their column map waits in ``ids`` (SGLang's
+    ``hot_token_id``) for SGLang's lookup of their top-k. Draft-extend passes get logits scattered
+    into the vocabulary: SGLang keeps their top-k across scheduler iterations and batch changes, so
+    it must already be in vocabulary ids (seam table, ``_get_logits``).
     """
     original = proc.forward
-    current: dict = {}
+    current: dict = {}  # the ForwardBatch of the forward call in progress (LogitsMetadata drops it)
 
     def forward(input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs):
         current["fb"] = logits_metadata
@@ -66,32 +79,43 @@ def install_draft_head(proc, runtime: Runtime) -> None:
         fb = current.get("fb")
         if fb is None or not hasattr(fb, "req_pool_indices"):
             raise RuntimeError("NANOSPEC draft head called without a ForwardBatch: requests unknown")
-        logits = runtime.head.logits(hidden_states, fb.req_pool_indices)
+        out = runtime.proposer.logits(hidden_states, fb.req_pool_indices)
         if fb.forward_mode.is_decode():
-            return logits
-        return runtime.head.scatter_to_vocab(logits)
+            ids.expect(out)
+            return out.logits
+        return out.to_vocab()
 
-    proc.forward = forward
-    proc._get_logits = get_logits
+    seam.patch(proc, "forward", forward, LOGITS_FORWARD)
+    seam.patch(proc, "_get_logits", get_logits, LOGITS_GET)
 
 
 class IdMap:
     """Stands in for SGLang's ``hot_token_id`` inside ``EagleDraftWorker.draft_forward``, which maps
-    each step's top-k through it: draft columns -> vocabulary ids. The first lookup of a draft pass
-    sees ids coming from draft-extend, which are vocabulary ids already."""
+    every step's top-k through it (``hot_token_id[topk_index]``).
 
-    def __init__(self, runtime: Runtime):
-        self.runtime = runtime
-        self.entry = False
+    A lookup maps the columns of the draft decode logits computed since the previous lookup (held
+    with their column map, ``DraftLogits``), then forgets them; with none pending it passes ids
+    through: the first lookup of a draft pass sees draft-extend's top-k, already vocabulary ids
+    (``NanoSpecDraftWorker.draft_forward`` drops anything pending when a pass starts). So a lookup
+    never depends on how many lookups came before it, only on the logits it follows.
+    """
+
+    def __init__(self, out_vocab: int):
+        self.out_vocab = out_vocab
+        self.pending: DraftLogits | None = None
+
+    def expect(self, out: DraftLogits) -> None:
+        self.pending = out
+
+    def clear(self) -> None:
+        self.pending = None
 
     def __getitem__(self, cols: torch.Tensor) -> torch.Tensor:
-        if self.entry:
-            self.entry = False
-            return cols
-        return self.runtime.head.token_ids(cols)
+        out, self.pending = self.pending, None
+        return cols if out is None else out.token_ids(cols)
 
     def __len__(self) -> int:
-        return self.runtime.head.out_vocab
+        return self.out_vocab
 
     @property
     def shape(self) -> tuple[int]:
@@ -111,7 +135,7 @@ def install_release(pool, runtime: Runtime) -> None:
                 attach_meta(req, stats)
         return original(req)
 
-    pool.free = free
+    seam.patch(pool, "free", free, POOL_FREE)
 
 
 def attach_meta(req, stats: dict) -> None:

@@ -204,7 +204,7 @@ def _unknown(penalizers) -> str | None:
 def keep_orchestrator(result, info, *args, **kwargs):
     """AFTER ``SamplingBatchInfo.copy_for_forward``: the copy keeps a reference to the scheduler's
     penalizer orchestrator (SGLang sets the copy's to None)."""
-    setattr(result, ORCH_ATTR, info.penalizer_orchestrator)
+    result.nanospec_penalizer = info.penalizer_orchestrator  # ORCH_ATTR
     return result
 
 

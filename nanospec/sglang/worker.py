@@ -3,7 +3,7 @@
 Everything SGLang does for EAGLE/EAGLE3 (tree drafting, verification, KV bookkeeping, overlap
 scheduling, CUDA graphs) is inherited unchanged; NanoSpec adds four things:
   1. prefill: start each request's stream from its prompt and the target's top-K_pre;
-  2. every draft logit (draft steps and draft-extend) comes from ``DraftHead``;
+  2. every draft logit (draft steps and draft-extend) comes from the core ``Proposer``;
   3. after each verify: telemetry, then append tree tokens and the accepted path's top-K_ver;
   4. request end: release the slot and attach telemetry for meta_info.
 The draft and draft-extend entries also wait for queued gathers before a possible CUDA-graph replay
@@ -18,7 +18,7 @@ import logging
 import torch
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
-from nanospec.sglang import hooks
+from nanospec.sglang import hooks, seam
 from nanospec.sglang.runtime import Runtime
 from nanospec.sglang.settings import check_against_model, load_settings
 from nanospec.sglang.telemetry import LogSuffix
@@ -46,19 +46,18 @@ def reduced_vocab_map(hot: torch.Tensor | None, target_vocab: int) -> torch.Tens
     return hot
 
 
-@contextlib.contextmanager
+GRAPH_RUNNER = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.cuda_graph_runner"
+HOT_TOKEN_ID = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.hot_token_id"
+DRAFT_WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2._draft_worker"
+
+
 def graphs_unless_stale(worker, attr: str, head, batch: int, rows: int):
     """Hide the graph runner ``worker.<attr>`` for one call when its graphs run another head than
-    the one ``head`` picks now for ``batch`` requests (SGLang then runs that call eagerly)."""
-    runner = getattr(worker, attr, None)
-    if runner is None or batch == 0 or head.graph_is_current(batch, rows):
-        yield
-        return
-    setattr(worker, attr, None)
-    try:
-        yield
-    finally:
-        setattr(worker, attr, runner)
+    the one ``head`` (the proposer) picks now for ``batch`` requests (SGLang then runs that call
+    eagerly)."""
+    if getattr(worker, attr, None) is None or batch == 0 or head.graph_is_current(batch, rows):
+        return contextlib.nullcontext()
+    return seam.hide(worker, attr, GRAPH_RUNNER)
 
 
 class NanoSpecDraftWorker(EagleDraftWorker):
@@ -72,19 +71,20 @@ class NanoSpecDraftWorker(EagleDraftWorker):
         slots = self.req_to_token_pool.req_to_token.shape[0]
         self.nano = Runtime(weight, slots, settings, hot=hot, target_vocab=target_vocab)
         self.nano.warm_up(self.speculative_num_draft_tokens, self.speculative_num_steps + 1)
-        hooks.install_draft_head(self.draft_runner.model.logits_processor, self.nano)
+        ids = hooks.IdMap(self.nano.proposer.out_vocab)
+        hooks.install_draft_head(self.draft_runner.model.logits_processor, self.nano, ids)
         hooks.install_prefill_topk(self.target_worker.model_runner.model.logits_processor, self.nano)
         hooks.install_release(self.req_to_token_pool, self.nano)
         hooks.install_log_suffix(LogSuffix(self.nano.describe))
         # SGLang maps every draft step's top-k through hot_token_id; NanoSpec's map goes there.
-        self.hot_token_id = hooks.IdMap(self.nano)
-        mem = self.nano.dv.nbytes()
+        seam.patch(self, "hot_token_id", ids, HOT_TOKEN_ID)
+        mem = self.nano.proposer.nbytes()
         logger.info("NANOSPEC: %s; %d slots, vocabulary state %.1f MiB (%.1f KiB per slot), draft "
                     "head %s", settings.describe(), slots, mem["total"] / 2**20,
                     mem["per_request"] / 2**10, "reduced" if hot is not None else "full")
 
     def draft_forward(self, forward_batch):
-        self.hot_token_id.entry = True  # the incoming top-k come from draft-extend: vocabulary ids
+        self.hot_token_id.clear()  # the incoming top-k come from draft-extend: vocabulary ids
         return super().draft_forward(forward_batch)
 
     # The two entries of a decode step's draft work. Either may replay a CUDA graph, which never
@@ -92,15 +92,15 @@ class NanoSpecDraftWorker(EagleDraftWorker):
     # queued by after_verify, and both leave the graph out when it was captured with another head.
 
     def draft(self, batch, **kwargs):
-        self.nano.dv.wait_gathers()
+        self.nano.proposer.wait_gathers()
         n = len(batch.seq_lens)
-        with graphs_unless_stale(self, "cuda_graph_runner", self.nano.head, n, n * self.topk):
+        with graphs_unless_stale(self, "cuda_graph_runner", self.nano.proposer, n, n * self.topk):
             return super().draft(batch, **kwargs)
 
     def _draft_extend_for_decode(self, batch, batch_result, **kwargs):
-        self.nano.dv.wait_gathers()
+        self.nano.proposer.wait_gathers()
         n = len(batch.seq_lens)
-        with graphs_unless_stale(self, "cuda_graph_runner_for_draft_extend", self.nano.head, n,
+        with graphs_unless_stale(self, "cuda_graph_runner_for_draft_extend", self.nano.proposer, n,
                                  n * self.speculative_num_draft_tokens):
             return super()._draft_extend_for_decode(batch, batch_result, **kwargs)
 
@@ -118,10 +118,11 @@ class NanoSpecDraftWorker(EagleDraftWorker):
 
 class NanoSpecWorker(EAGLEWorkerV2):
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
+        seam.check()  # in the scheduler process: SGLang as the seam table describes it
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         if self._draft_worker is not None:
             # Same object, NanoSpec's methods: they take effect at alloc_memory_pool (init_lm_head).
-            self._draft_worker.__class__ = NanoSpecDraftWorker
+            seam.patch(self._draft_worker, "__class__", NanoSpecDraftWorker, DRAFT_WORKER)
 
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
         verify_input = batch.spec_info

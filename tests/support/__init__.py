@@ -1,4 +1,5 @@
 """Shared helpers for NanoSpec's tests: tiny local models and a real SGLang server fixture helper.
 
-See ``tests/support/tiny_models.py`` and ``tests/support/sglang_server.py`` for the API.
+The fixtures an installed NanoSpec needs too live in ``nanospec/testing.py``; ``tests/support/tiny_models.py``
+re-exports them with what only tests need, ``tests/support/sglang_server.py`` re-exports the launcher.
 """

@@ -1,13 +1,13 @@
 """Tiny, locally built models for tests: a byte-level BPE tokenizer, a random Llama and EAGLE-3 drafts.
 
-The builders live in the product module ``nanospec/bench/tiny.py`` (the serving benchmark's ``--make-tiny``
+The builders live in the product module ``nanospec/testing.py`` (the serving benchmark's ``--make-tiny``
 uses them too) and are re-exported here; what only tests need stays here. Nothing downloads anything.
 
 API (kept stable; other test modules and train/ tests depend on it):
 
 ``make_tokenizer``, ``make_tiny_llama``, ``make_tiny_eagle3_draft``, ``make_tiny_eagle_draft`` (and ``BOS``,
 ``EOS``, ``PAD``, ``CHAT_TEMPLATE``, ``TRAINING_TEXT``)
-    From ``nanospec.bench.tiny``; see its docstring for the models they build.
+    From ``nanospec.testing``; see its docstring for the models they build.
 
 ``agree_next_token(token_id, vocab_size) -> int``
     The agreeing target's greedy successor of a token: ``(token_id + 1) % vocab_size``.
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from nanospec.bench.tiny import (  # noqa: F401  (re-exported for the test modules)
+from nanospec.testing import (  # noqa: F401  (re-exported for the test modules)
     BOS,
     CHAT_TEMPLATE,
     EOS,
@@ -97,7 +97,7 @@ def make_tiny_cyclic_pair(root, *, vocab_size: int = 512, period: int = 8, targe
     """
     from safetensors.torch import load_file, save_file
 
-    from nanospec.bench.tiny import _fourier_embeddings
+    from nanospec.testing import _fourier_embeddings
 
     if vocab_size % period:
         raise ValueError(f"period {period} must divide vocab_size {vocab_size}")

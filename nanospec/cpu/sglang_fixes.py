@@ -3,7 +3,7 @@
 ``TARGETS`` maps a module name to a function called with the freshly executed module (only when the
 pure-PyTorch ``sgl_kernel`` fallback is in use). Each fix names the SGLang file and version it
 targets, so that an upgrade knows what to drop. No heavy imports at module level:
-``patches._bootstrap`` imports this file on the first ``sglang.*`` import.
+``nanospec.cpu._bootstrap`` imports this file on the first ``sglang.*`` import.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 
-logger = logging.getLogger("nanospec.patches")
+logger = logging.getLogger("nanospec.cpu")
 
 # KV-cache size used on CPU when --max-total-tokens is not given (SGLang 0.5.23 otherwise sizes the
 # CPU KV cache from free RAM: 14 GB for a 4.9 MB model). Override with NANOSPEC_CPU_MAX_TOTAL_TOKENS.
@@ -67,8 +67,8 @@ def _fix_eagle_utils(mod) -> None:
     sample (not the distribution plain decoding samples from), because the tree sampling and the
     top-k/top-p renormalisation kernels exist only for CUDA (``tree_speculative_sampling_target_only``
     and ``top_k_renorm_prob``/``top_p_renorm_prob`` are None there). Provide pure-PyTorch ones
-    (patches/ops_sampling.py) and let CPU take SGLang's sampling branch."""
-    from patches.registry import OPS
+    (nanospec/cpu/ops_sampling.py) and let CPU take SGLang's sampling branch."""
+    from nanospec.cpu.registry import OPS
 
     original = mod._verify_uses_greedy
     if getattr(original, "__nanospec__", False):
@@ -88,7 +88,7 @@ def _fix_intel_amx_backend(mod) -> None:
     """sglang/srt/layers/attention/intel_amx_backend.py (0.5.23) calls its two attention ops through
     ``torch.ops.sgl_kernel``; with the Python fallback that is a dispatcher round trip (19 boxed
     arguments) per layer call. Call the same functions directly. Not a defect, a CPU cost cut."""
-    from patches.registry import OPS
+    from nanospec.cpu.registry import OPS
 
     cls = mod.IntelAMXAttnBackend
     original = cls.__init__
@@ -108,8 +108,8 @@ def _fix_unquant(mod) -> None:
     """sglang/srt/layers/quantization/unquant.py (0.5.23): ``UnquantizedLinearMethod.apply`` runs
     ``F.linear`` on CPUs without AMX (its ``weight_packed_linear`` path needs AMX), which is MKL's
     slow small-M GEMM in float32. Run float32 layers through oneDNN with the weight prepacked once
-    (patches/ops_linear.py). Not a defect, a CPU cost cut; ``NANOSPEC_CPU_LINEAR=mkl`` keeps SGLang's."""
-    from patches import ops_linear
+    (nanospec/cpu/ops_linear.py). Not a defect, a CPU cost cut; ``NANOSPEC_CPU_LINEAR=mkl`` keeps SGLang's."""
+    from nanospec.cpu import ops_linear
 
     if ops_linear.mode() != "onednn":
         return
@@ -130,9 +130,9 @@ def _fix_unquant(mod) -> None:
 def _fix_logits_processor(mod) -> None:
     """sglang/srt/layers/logits_processor.py (0.5.23): ``LogitsProcessor._compute_lm_head`` multiplies a
     plain LM head with ``torch.matmul`` on CPUs without AMX: 95 ms for 4 rows of Qwen2.5's 151,936 x 896
-    head in float32, against 19 ms through oneDNN with the weight prepacked (patches/ops_linear.py).
+    head in float32, against 19 ms through oneDNN with the weight prepacked (nanospec/cpu/ops_linear.py).
     Same switch as ``_fix_unquant``; LoRA, quantised and biased heads keep SGLang's path."""
-    from patches import ops_linear
+    from nanospec.cpu import ops_linear
 
     if ops_linear.mode() != "onednn":
         return
@@ -190,7 +190,7 @@ def _profile_model_runner(mod) -> None:
     import functools
     import time
 
-    from patches import profiling
+    from nanospec.cpu import profiling
 
     cls = mod.ModelRunner
     original = cls.forward
@@ -210,7 +210,7 @@ def _profile_model_runner(mod) -> None:
 
 def _profile_eagle_worker(mod) -> None:
     """Benchmark only (NANOSPEC_PROFILE_OPS): time one speculative cycle (draft, verify, draft extend)."""
-    from patches import profiling
+    from nanospec.cpu import profiling
 
     cls = mod.EAGLEWorkerV2
     cls.forward_batch_generation = profiling.timed("cycle", cls.forward_batch_generation)

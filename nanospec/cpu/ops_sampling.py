@@ -4,7 +4,7 @@ SGLang 0.5.23 has these only as CUDA/flashinfer kernels: ``tree_speculative_samp
 (``sglang/kernels/jit/include/sgl_kernel/speculative/sampling.cuh``) and flashinfer's
 ``top_k_renorm_probs`` / ``top_p_renorm_probs``. Without them its CPU path verifies every request
 greedily, even at temperature > 0 (``_verify_uses_greedy`` in ``srt/speculative/eagle_utils.py``);
-``patches.sglang_fixes`` plugs these in. Loops run over tree depth and siblings (<= topk) only.
+``nanospec.cpu.sglang_fixes`` plugs these in. Loops run over tree depth and siblings (<= topk) only.
 """
 
 from __future__ import annotations

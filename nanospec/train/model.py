@@ -10,102 +10,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import LlamaConfig, PretrainedConfig
+from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-
-def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """SGLang's default capture for EAGLE-3, in `eagle_aux_hidden_state_layer_ids` convention, layer order.
-
-    With no ids configured SGLang captures the residual stream entering layers [2, L//2, L-3] by default;
-    configured ids are shifted by one (id i means "output of layer i" = input of layer i+1; -1 is the
-    embedding output), so the same points are [1, L//2-1, L-4], which the draft config then records
-    explicitly (sorted: SGLang concatenates captured states in layer order). For 4-6 layers SGLang's default
-    names a layer twice (L=4: [2, 2, 1]) and captures fewer states than its draft expects; three evenly
-    spaced layers (-1 .. L-2) stand in there.
-    """
-    if num_layers < 3:
-        raise ValueError(f"EAGLE-3 default aux layers need a target with >= 3 layers, got {num_layers}")
-    ids = sorted({1, num_layers // 2 - 1, num_layers - 4})
-    if len(ids) < 3:
-        top = num_layers - 2
-        ids = [-1, (top - 1) // 2, top]
-    return ids
-
-
-def check_aux_layer_ids(ids, num_layers: int | None = None) -> list[int]:
-    """``ids`` if SGLang's EAGLE-3 target captures exactly those states in that order, else ValueError
-    naming the offending ids.
-
-    SGLang (`set_eagle3_layers_to_capture`, then the decoder loop) captures the input of layer i+1 for each
-    configured id i, once per layer, in layer order, and only for layers that exist. So duplicates collapse
-    (the draft's `fc`, sized for len(ids) states, then gets fewer and the server dies at the first request),
-    a decreasing order swaps the features the draft was trained on, and an id outside -1..L-2 is never
-    captured. ``num_layers`` None checks everything but the range (before the target's config is read).
-    """
-    ids = list(ids)
-    if not ids:
-        raise ValueError("aux_layer_ids is empty: EAGLE-3 fuses at least one target layer")
-    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int)]
-    if bad:
-        raise ValueError(f"aux_layer_ids must be integers, got {bad}")
-    if num_layers is not None:
-        bad = [i for i in ids if not -1 <= i <= num_layers - 2]
-        if bad:
-            raise ValueError(
-                f"aux_layer_ids {bad} out of range for a target with {num_layers} layers "
-                f"(-1..{num_layers - 2}: id i is the input of layer i+1)"
-            )
-    dup = sorted({i for i in ids if ids.count(i) > 1})
-    if dup:
-        raise ValueError(
-            f"aux_layer_ids {ids} name layer id(s) {dup} more than once: SGLang captures each layer once, "
-            f"so the draft would expect {len(ids)} states and get {len(set(ids))}"
-        )
-    if ids != sorted(ids):
-        raise ValueError(
-            f"aux_layer_ids {ids} are not in increasing order: SGLang concatenates the captured states in "
-            f"layer order ({sorted(ids)}), so the draft would be served other features than it was trained on"
-        )
-    return ids
-
-
-def draft_config(target: PretrainedConfig, aux_layer_ids: list[int] | None, tie_head: bool) -> LlamaConfig:
-    """Draft config (the exported config.json) derived from the target's config.
-
-    Attention/MLP shapes, RoPE and norm epsilon are the target's; one layer; the head covers the full target
-    vocabulary (`draft_vocab_size == vocab_size`), or is absent (`draft_vocab_size = None`) when tied, which
-    makes SGLang bind the target's LM head to the draft.
-    """
-    num_layers = target.num_hidden_layers
-    ids = check_aux_layer_ids(aux_layer_ids or default_aux_layer_ids(num_layers), num_layers)
-    heads = target.num_attention_heads
-    head_dim = getattr(target, "head_dim", None) or target.hidden_size // heads
-    rope = dict(getattr(target, "rope_parameters", None) or {})
-    if not rope:
-        rope = {"rope_type": "default", "rope_theta": getattr(target, "rope_theta", 10000.0)}
-    cfg = LlamaConfig(
-        vocab_size=target.vocab_size,
-        hidden_size=target.hidden_size,
-        intermediate_size=target.intermediate_size,
-        num_hidden_layers=1,
-        num_attention_heads=heads,
-        num_key_value_heads=getattr(target, "num_key_value_heads", None) or heads,
-        head_dim=head_dim,
-        hidden_act=getattr(target, "hidden_act", "silu"),
-        max_position_embeddings=target.max_position_embeddings,
-        rms_norm_eps=getattr(target, "rms_norm_eps", 1e-6),
-        rope_parameters=rope,
-        tie_word_embeddings=False,
-        bos_token_id=getattr(target, "bos_token_id", None),
-        eos_token_id=getattr(target, "eos_token_id", None),
-        pad_token_id=getattr(target, "pad_token_id", None),
-    )
-    cfg.architectures = ["LlamaForCausalLMEagle3"]
-    cfg.draft_vocab_size = None if tie_head else target.vocab_size
-    cfg.target_hidden_size = target.hidden_size
-    cfg.eagle_config = {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}
-    return cfg
+# The capture layers and the draft config are the draft format's (nanospec/draft_format.py); re-exported.
+from nanospec.draft_format import check_aux_layer_ids, default_aux_layer_ids, draft_config  # noqa: F401
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -225,23 +134,41 @@ class Eagle3Draft(nn.Module):
         self,
         aux: torch.Tensor,
         embeds: torch.Tensor,
-        target_logits: torch.Tensor,
+        target_probs: torch.Tensor,
         loss_mask: torch.Tensor,
         num_steps: int = 7,
         decay: float = 0.8,
         head_weight: torch.Tensor | None = None,
         vocab_map: torch.Tensor | None = None,
+        target_ids: torch.Tensor | None = None,
+        candidates: torch.Tensor | None = None,
+        full_every: int = 0,
     ) -> dict[str, torch.Tensor]:
         """Training-time test over `num_steps` draft steps, against the target's next-token distribution.
 
         aux: (B, T, n_aux*H_t) target features at positions 0..T-1; embeds: (B, T, H) embeddings of the input
-        tokens x_0..x_{T-1}; target_logits: (B, T, V) target logits (row t = distribution of x_{t+1});
-        loss_mask: (B, T) 1 where token x_t counts (assistant tokens, not padding).
+        tokens x_0..x_{T-1}; loss_mask: (B, T) 1 where token x_t counts (assistant tokens, not padding).
+        target_probs: (B, T, V) float32 target probabilities (row t = distribution of x_{t+1}), or with
+        `target_ids` (B, T, K) int64 the target's top-K tokens (most likely first) and target_probs (B, T, K)
+        their probabilities, renormalised here.
         Step k at position i reads x_{i+1+k} and predicts x_{i+2+k}, whose distribution is target row i+1+k.
-        vocab_map: (N,) target id of each draft-vocabulary row, for a reduced (top-N) head; accuracy then maps
-        the draft's choice back to a target id, so a token outside the head is a miss.
+        vocab_map: (N,) target id of each draft-vocabulary row, for a reduced (top-N) head (full target
+        distribution only); accuracy maps the draft's choice back to a target id (outside the head: a miss).
+        candidates: (C,) ascending target ids holding every `target_ids` entry at loss positions: the draft's
+        softmax then runs over these C head rows only (a sampled softmax: the head costs C/V of a full one),
+        except on every `full_every`-th scored row (0: none), which keeps the full-vocabulary softmax so the
+        draft also learns to keep mass off tokens outside the candidates. Accuracy is then over the
+        candidates (the target's top-1 is always among them).
         Returns loss (scalar, decay-weighted sum over steps) and per-step `loss`, `correct`, `count` (K,).
         """
+        if target_ids is None and candidates is not None:
+            raise ValueError("a sampled softmax (candidates) needs the target's top-K (target_ids)")
+        if target_ids is not None and vocab_map is not None:
+            raise ValueError("a reduced head (vocab_map) trains against the full target distribution")
+        w = self.lm_head.weight if self.lm_head is not None else head_weight
+        if w is None:
+            raise ValueError("draft has no LM head (tied) and no head_weight was given")
+        w_cand = None if candidates is None else w[candidates]
         b, t, _ = embeds.shape
         pos0 = torch.arange(t, device=embeds.device).expand(b, t)
         hidden, cache = self.fc(aux.to(self.fc.weight.dtype)), []
@@ -254,25 +181,77 @@ class Eagle3Draft(nn.Module):
             hidden = self.step(hidden, shifted, pos0 + k, cache, k)
             n = max(t - 2 - k, 0)  # positions with both a target row and a label
             sel = loss_mask[:, 2 + k : 2 + k + n].bool()
-            logits = self.logits(hidden[:, :n][sel], head_weight).float()
-            target = target_logits[:, 1 + k : 1 + k + n][sel].float()
-            if vocab_map is not None:
-                target = target[:, vocab_map]  # reduced draft vocabulary: compare on its tokens only
-            if logits.shape[0] == 0:
+            x = self.norm(hidden[:, :n][sel])
+            probs = target_probs[:, 1 + k : 1 + k + n][sel].float()
+            if x.shape[0] == 0:
                 loss_k = hidden.sum() * 0.0  # keeps every parameter in the graph (DDP)
+                hits = x.new_zeros(())
+            elif target_ids is None:
+                loss_k, hits = _full_loss(x, w, probs, vocab_map)
             else:
-                loss_k = -(target.softmax(-1) * logits.log_softmax(-1)).sum(-1).mean()
+                loss_k, hits = _topk_loss(x, w, w_cand, candidates, target_ids[:, 1 + k : 1 + k + n][sel],
+                                          probs / probs.sum(-1, keepdim=True), full_every)
             total = total + decay**k * loss_k
             losses.append(loss_k.detach())
-            pred = logits.argmax(-1)
-            truth = target_logits[:, 1 + k : 1 + k + n][sel].argmax(-1)
-            if vocab_map is not None:
-                pred = vocab_map[pred]
-            correct.append((pred == truth).sum())
-            count.append(torch.tensor(logits.shape[0], device=logits.device))
+            correct.append(hits)
+            count.append(torch.tensor(x.shape[0], device=x.device))
         return {
             "loss": total,
             "step_loss": torch.stack(losses),
             "correct": torch.stack(correct).float(),
             "count": torch.stack(count).float(),
         }
+
+
+def candidate_set(
+    target_ids: torch.Tensor, input_ids: torch.Tensor, valid: torch.Tensor, negatives: int, vocab_size: int,
+    seed: int,
+) -> torch.Tensor:
+    """(C,) ascending distinct int64 ids for a sampled softmax: every top-K id of the batch's target rows
+    (target_ids (B, T, K)) and every token (input_ids (B, T): copying from the context is what a draft gets
+    right most often) at the `valid` (B, T) positions, and `negatives` ids drawn uniformly with `seed` (a
+    resumed run draws the same), which stand for the rest of the vocabulary. Padding is left out, so
+    cached and freshly computed features give the same set."""
+    neg = torch.randint(0, vocab_size, (negatives,), generator=torch.Generator().manual_seed(seed))
+    valid = valid.bool()
+    return torch.unique(torch.cat([target_ids[valid].flatten(), input_ids[valid], neg.to(target_ids.device)]))
+
+
+def _full_loss(x, w, probs, vocab_map):
+    """Soft cross-entropy of the full (or top-N) head against the full target distribution; hits (0-dim).
+    x: (N, H) normed; probs: (N, V)."""
+    logits = F.linear(x, w.to(x.dtype)).float()
+    target = probs
+    if vocab_map is not None:  # reduced vocabulary: the target renormalised over its rows
+        target = probs[:, vocab_map]
+        target = target / target.sum(-1, keepdim=True)
+    loss = -(target * logits.log_softmax(-1)).sum(-1).mean()
+    pred = logits.argmax(-1)
+    if vocab_map is not None:
+        pred = vocab_map[pred]
+    return loss, (pred == probs.argmax(-1)).sum()
+
+
+def _topk_loss(x, w, w_cand, candidates, ids, probs, full_every):
+    """Soft cross-entropy against the target's renormalised top-K, over the candidate rows (sampled softmax)
+    or, for every `full_every`-th row and with no candidates, the full head; hits (0-dim).
+    x: (N, H) normed; ids, probs: (N, K)."""
+    full = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+    if candidates is None:
+        full[:] = True
+    elif full_every:
+        full[::full_every] = True
+    rows = []
+    hits = x.new_zeros((), dtype=torch.long)
+    if full.any():
+        logits = F.linear(x[full], w.to(x.dtype)).float()
+        logp = logits.log_softmax(-1).gather(1, ids[full])
+        rows.append(-(probs[full] * logp).sum(-1))
+        hits = hits + (logits.argmax(-1) == ids[full, 0]).sum()
+    if (~full).any():
+        logits = F.linear(x[~full], w_cand.to(x.dtype)).float()
+        col = torch.searchsorted(candidates, ids[~full])
+        logp = logits.log_softmax(-1).gather(1, col)
+        rows.append(-(probs[~full] * logp).sum(-1))
+        hits = hits + (candidates[logits.argmax(-1)] == ids[~full, 0]).sum()
+    return torch.cat(rows).mean(), hits

@@ -46,7 +46,8 @@ def features(
     wanted = sorted({i + 1 for i in aux_layer_ids})
     handles = [layers[i].register_forward_pre_hook(grab(i), with_kwargs=True) for i in wanted]
     try:
-        last = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        out = model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        last = out.last_hidden_state
     finally:
         for h in handles:
             h.remove()
@@ -60,34 +61,50 @@ def target_logits(model: torch.nn.Module, last: torch.Tensor) -> torch.Tensor:
     return head(last.to(head.weight.dtype))
 
 
+def target_dist(
+    model: torch.nn.Module, last: torch.Tensor, topk: int | None
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The target's next-token distribution from its final hidden state `last` (B, T, H).
+
+    topk None: (None, probs (B, T, V) float32). Else (ids (B, T, K) int64, probs (B, T, K) float32): the K
+    most likely tokens, most likely first, and their probabilities (not renormalised; the loss does that).
+    """
+    probs = target_logits(model, last).float().softmax(-1)
+    if topk is None:
+        return None, probs
+    top = probs.topk(topk, dim=-1)
+    return top.indices, top.values
+
+
 class FeatureCache:
     """Per-sample target features on disk, so a second run (or epoch) skips the target forward.
 
-    Files are keyed by a hash of the token ids and the capture layers, so a changed tokenizer, length limit or
-    layer choice never reads stale features.
+    Each file holds the captured states (`aux`) and the target's distribution: its top-K ids and
+    probabilities (`topk_ids`, `topk_probs`), or with no K the final hidden state (`last`), from which the
+    head gives the full distribution. Files are keyed by a hash of the token ids, the capture layers and K,
+    so a changed tokenizer, length limit, layer choice or K never reads stale features.
     """
 
-    def __init__(self, directory: str, aux_layer_ids: list[int]):
+    def __init__(self, directory: str, aux_layer_ids: list[int], topk: int | None = None):
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.salt = ",".join(map(str, aux_layer_ids)).encode()
+        self.topk = topk
+        self.salt = (",".join(map(str, aux_layer_ids)) + ("" if topk is None else f";top{topk}")).encode()
 
     def path(self, ids: list[int]) -> Path:
         digest = hashlib.sha1(self.salt + torch.tensor(ids, dtype=torch.int64).numpy().tobytes()).hexdigest()
         return self.dir / f"{digest}.safetensors"
 
-    def get(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def get(self, ids: list[int]) -> dict[str, torch.Tensor] | None:
+        """The tensors `put` stored for this sample, or None."""
         p = self.path(ids)
-        if not p.exists():
-            return None
-        d = load_file(str(p))
-        return d["aux"], d["last"]
+        return load_file(str(p)) if p.exists() else None
 
-    def put(self, ids: list[int], aux: torch.Tensor, last: torch.Tensor) -> None:
-        """aux: (T, n_aux*H), last: (T, H) for one unpadded sample."""
+    def put(self, ids: list[int], tensors: dict[str, torch.Tensor]) -> None:
+        """tensors: name -> (T, ...) for one unpadded sample (written whole or not at all)."""
         p = self.path(ids)
         tmp = p.with_suffix(".tmp")
-        save_file({"aux": aux.contiguous().cpu(), "last": last.contiguous().cpu()}, str(tmp))
+        save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(tmp))
         tmp.replace(p)
 
 
@@ -97,22 +114,37 @@ def batch_features(
     attention_mask: torch.Tensor,
     aux_layer_ids: list[int],
     cache: FeatureCache | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Features for a right-padded batch, through the cache when given. Shapes as in `features`."""
+    topk: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """aux (B, T, n_aux*H) and the target distribution (`target_dist`: ids or None, probs) for a right-padded
+    batch, through the cache when given (the cache's K must be `topk`)."""
     if cache is None:
-        return features(model, input_ids, attention_mask, aux_layer_ids)
+        aux, last = features(model, input_ids, attention_mask, aux_layer_ids)
+        return (aux, *target_dist(model, last, topk))
+    if cache.topk != topk:
+        raise ValueError(f"feature cache keeps top-{cache.topk}, asked for top-{topk}")
     lengths = attention_mask.sum(1).tolist()
     rows = [input_ids[b, :n].tolist() for b, n in enumerate(lengths)]
     hits = [cache.get(r) for r in rows]
     if any(h is None for h in hits):
         aux, last = features(model, input_ids, attention_mask, aux_layer_ids)
+        t_ids, t_probs = target_dist(model, last, topk)
         for b, (r, h) in enumerate(zip(rows, hits, strict=True)):
             if h is None:
-                cache.put(r, aux[b, : len(r)], last[b, : len(r)])
-        return aux, last
+                n = len(r)
+                kept = {"aux": aux[b, :n]}
+                kept.update({"last": last[b, :n]} if topk is None else
+                            {"topk_ids": t_ids[b, :n], "topk_probs": t_probs[b, :n]})
+                cache.put(r, kept)
+        return aux, t_ids, t_probs
     b, t = input_ids.shape
-    aux = hits[0][0].new_zeros(b, t, hits[0][0].shape[-1])
-    last = hits[0][1].new_zeros(b, t, hits[0][1].shape[-1])
-    for i, (a, h) in enumerate(hits):
-        aux[i, : a.shape[0]], last[i, : h.shape[0]] = a, h
-    return aux.to(input_ids.device), last.to(input_ids.device)
+    padded = {}
+    for name in hits[0]:
+        ref = hits[0][name]
+        out = ref.new_zeros(b, t, *ref.shape[1:])
+        for i, h in enumerate(hits):
+            out[i, : h[name].shape[0]] = h[name]
+        padded[name] = out.to(input_ids.device)
+    if topk is None:
+        return (padded["aux"], *target_dist(model, padded["last"], None))
+    return padded["aux"], padded["topk_ids"], padded["topk_probs"]

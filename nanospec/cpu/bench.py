@@ -2,11 +2,11 @@
 
 Run from the repository root (it builds the tiny models with ``tests/support``)::
 
-    .venv/bin/python -m patches.bench                         # tiny random Llama + EAGLE-3 draft
-    .venv/bin/python -m patches.bench --real ~/.cache/nanospec/models/smollm2-135m
+    .venv/bin/python -m nanospec.cpu.bench                         # tiny random Llama + EAGLE-3 draft
+    .venv/bin/python -m nanospec.cpu.bench --real ~/.cache/nanospec/models/smollm2-135m
 
 For each model it starts a real SGLang server (``--device cpu``, EAGLE3) with
-``NANOSPEC_PROFILE_OPS`` set (patches/profiling.py), decodes ``--batch`` concurrent prompts of
+``NANOSPEC_PROFILE_OPS`` set (nanospec/cpu/profiling.py), decodes ``--batch`` concurrent prompts of
 ``--tokens`` tokens, and reads back per-process totals: ``cycle`` (EAGLEWorkerV2.forward_batch_generation),
 ``forward`` (every ModelRunner.forward, target and draft; includes the attention ops) and each fallback
 op. The report splits a cycle into: fallback ops (attention and the rest), model forward without the
@@ -19,28 +19,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from nanospec.testing import SGLangServer, make_tiny_eagle3_draft, make_tiny_llama
+
 ATTENTION_OPS = ("op:decode_attention_cpu", "op:extend_attention_cpu")
-
-
-def _support():
-    root = Path(__file__).resolve().parents[1]
-    if not (root / "tests" / "support").is_dir():
-        sys.exit("patches.bench builds its models with tests/support: run it from a repository checkout")
-    sys.path.insert(0, str(root))
-    from tests.support import sglang_server, tiny_models
-
-    return sglang_server, tiny_models
 
 
 def profile(target: Path, draft: Path, work: Path, args) -> dict:
     """Serve ``target`` with EAGLE3 + ``draft`` under the profiler; return summed totals over processes."""
-    sglang_server, _ = _support()
     prof_dir = work / "profile"
     server_args = [
         "--dtype", args.dtype,
@@ -62,7 +52,7 @@ def profile(target: Path, draft: Path, work: Path, args) -> dict:
             return list(pool.map(lambda p: srv.post("/generate", {"input_ids": p, "sampling_params": sp}),
                                  prompts))  # fmt: skip
 
-    with sglang_server.SGLangServer(target, args=server_args, env=env, log_path=work / "server.log") as srv:
+    with SGLangServer(target, args=server_args, env=env, log_path=work / "server.log") as srv:
         # Warm-up at the measured batch size: SGLang torch.compiles its draft top-k selection
         # (srt/speculative/spec_utils.py) and recompiles when the batch size changes from 1.
         run(16)
@@ -136,18 +126,17 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS for the server (default: 1)")
     p.add_argument("--json", type=Path, help="also write the summaries here")
     args = p.parse_args(argv)
-    _, tiny_models = _support()
     summaries = []
     with tempfile.TemporaryDirectory(prefix="nanospec_bench_") as tmp:
         work = Path(tmp)
         if not args.skip_tiny:
-            target = tiny_models.make_tiny_llama(work / "tiny", vocab_size=512, seed=1)
-            draft = tiny_models.make_tiny_eagle3_draft(work / "tiny_draft", target, seed=2)
+            target = make_tiny_llama(work / "tiny", vocab_size=512, seed=1)
+            draft = make_tiny_eagle3_draft(work / "tiny_draft", target, seed=2)
             (work / "run_tiny").mkdir()
             summaries.append(report("tiny random Llama (64 hidden, 3 layers)",
                                     profile(target, draft, work / "run_tiny", args)))  # fmt: skip
         if args.real:
-            draft = tiny_models.make_tiny_eagle3_draft(work / "real_draft", args.real, seed=2)
+            draft = make_tiny_eagle3_draft(work / "real_draft", args.real, seed=2)
             (work / "run_real").mkdir()
             summaries.append(report(str(args.real), profile(args.real, draft, work / "run_real", args)))
     if args.json:

@@ -1,6 +1,7 @@
 """Per-step draft accuracy on held-out conversations: the acceptance proxy EAGLE reports.
 
-    python -m train.evaluate --draft RUN/final --target-model-path PATH --data-path PATH [--holdout N]
+    python -m nanospec.train.evaluate --draft RUN/final --target-model-path PATH --data-path PATH \\
+        [--holdout N]
 
 For every assistant position the draft runs the training-time test (its own hidden states, the true tokens
 as inputs) and step k is correct when its top-1 equals the target's top-1. `acc_k` is the step-k accuracy;
@@ -16,9 +17,9 @@ import json
 import torch
 import torch.nn.functional as F
 
-from train.data import Sample, collate
-from train.model import Eagle3Draft
-from train.target import features, target_logits
+from nanospec.train.data import Sample, collate
+from nanospec.train.model import Eagle3Draft
+from nanospec.train.target import features, target_logits
 
 
 @torch.no_grad()
@@ -110,9 +111,9 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import AutoTokenizer
 
     from nanospec.models import resolve
-    from train.data import load_samples
-    from train.export import load_draft
-    from train.target import load_target
+    from nanospec.train.data import load_samples
+    from nanospec.train.export import load_draft
+    from nanospec.train.target import load_target
 
     a.target_model_path = resolve(a.target_model_path)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -5,7 +5,7 @@ draft_vocab_size null and no lm_head (SGLang binds the target's head). Static to
 of the N most frequent training tokens (EOS forced in), plus `d2t` (draft id -> target id minus draft id,
 SGLang's format) and `t2d` (target-vocabulary membership mask), as FR-Spec-style heads ship.
 
-    python -m train.export --checkpoint RUN/checkpoints/step_1000 --output DIR [--top-n 32000]
+    python -m nanospec.train.export --checkpoint RUN/checkpoints/step_1000 --output DIR [--top-n 32000]
 """
 
 from __future__ import annotations
@@ -15,26 +15,13 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from transformers import LlamaConfig
 
-from train.model import Eagle3Draft
+from nanospec import draft_format as fmt
+from nanospec.train.model import Eagle3Draft
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def top_ids(counts: torch.Tensor, n: int, eos_ids: list[int]) -> torch.Tensor:
-    """(n,) ascending target ids: the n most frequent tokens, EOS ids forced in (displacing the rarest)."""
-    if not 0 < n <= counts.numel():
-        raise ValueError(f"top-N size {n} must be in 1..{counts.numel()}")
-    score = counts.double().clone()
-    score[torch.tensor(eos_ids, dtype=torch.long)] = float("inf")
-    return torch.sort(torch.topk(score, n, sorted=True).indices).values
-
-
-def eos_list(cfg: LlamaConfig) -> list[int]:
-    eos = cfg.eos_token_id
-    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
 
 
 def save_draft(
@@ -45,55 +32,38 @@ def save_draft(
     counts: torch.Tensor | None = None,
     head_weight: torch.Tensor | None = None,
 ) -> Path:
-    """Write config.json + model.safetensors. `counts` (V,) are needed for top_n; `head_weight` (V, H) for a
-    top-N export of a tied draft."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = LlamaConfig.from_dict(model.cfg.to_dict())
+    """Write config.json + model.safetensors (`nanospec.draft_format`). `counts` (V,) are needed for top_n;
+    `head_weight` (V, H) for a top-N export of a tied draft."""
+    cfg = LlamaConfig.from_dict(model.cfg.to_dict()).to_dict()
+    cfg["architectures"] = [fmt.ARCHITECTURE]
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
     if top_n is not None:
         if counts is None:
             raise ValueError("a top-N export needs token counts")
-        ids = top_ids(counts, top_n, eos_list(cfg))
-        head = state["lm_head.weight"] if "lm_head.weight" in state else head_weight
-        if head is None:
-            raise ValueError("a top-N export of a tied draft needs the target's head weight")
-        state["lm_head.weight"] = head.detach().to("cpu", dtype)[ids].contiguous()
-        state["d2t"] = ids - torch.arange(top_n)
-        t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
-        t2d[ids] = True
-        state["t2d"] = t2d
-        cfg.draft_vocab_size = top_n
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    d = cfg.to_dict()
-    d["architectures"] = ["LlamaForCausalLMEagle3"]
-    d["dtype"] = d["torch_dtype"] = str(dtype).removeprefix("torch.")
-    (out / "config.json").write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
-    return out
+        state, cfg = fmt.reduce_head(state, cfg, fmt.top_ids(counts, top_n, fmt.eos_ids(cfg)), head_weight)
+    return fmt.save_draft_dir(out, state, cfg, dtype=dtype)
 
 
-def load_draft(path: str | Path) -> tuple[Eagle3Draft, torch.Tensor | None]:
-    """An exported draft (float32) and its vocab map (N,) draft id -> target id (None: full or tied head)."""
+def load_draft(path: str | Path, target=None) -> tuple[Eagle3Draft, torch.Tensor | None]:
+    """An exported draft (float32) and its vocab map (N,) draft id -> target id (None: full or tied head).
+    `target` (a model directory or its config) checks that the draft is this target's."""
     path = Path(path)
+    _, state = fmt.load_draft_dir(path, target)
     cfg = LlamaConfig.from_pretrained(str(path))
-    for key in ("draft_vocab_size", "eagle_config", "target_hidden_size"):
-        if not hasattr(cfg, key):
-            raise ValueError(f"{path}/config.json: not an EAGLE-3 draft (no {key})")
-    state = load_file(str(path / "model.safetensors"))
-    d2t = state.pop("d2t", None)
-    state.pop("t2d", None)
+    d2t = state.pop(fmt.D2T, None)
+    state.pop(fmt.T2D, None)
     model = Eagle3Draft(cfg)
     model.load_state_dict({k: v.float() for k, v in state.items()})
-    vocab_map = None if d2t is None else d2t.long() + torch.arange(d2t.numel())
+    vocab_map = None if d2t is None else fmt.target_ids(d2t)
     return model, vocab_map
 
 
 def load_checkpoint(checkpoint: str | Path) -> Eagle3Draft:
-    """The draft in an accelerate checkpoint of train/eagle3.py (its run directory holds the config)."""
+    """The draft in an accelerate checkpoint of nanospec.train (its run directory holds the config)."""
     checkpoint = Path(checkpoint)
     cfg_path = checkpoint.parent.parent / "draft_config.json"
     if not cfg_path.exists():
-        raise ValueError(f"{cfg_path} not found: is {checkpoint} a checkpoint of train/eagle3.py?")
+        raise ValueError(f"{cfg_path} not found: is {checkpoint} a checkpoint of nanospec.train?")
     model = Eagle3Draft(LlamaConfig.from_dict(json.loads(cfg_path.read_text())))
     weights = checkpoint / "model.safetensors"
     if not weights.exists():
@@ -117,18 +87,16 @@ def main(argv: list[str] | None = None) -> None:
     model = load_draft(src)[0] if (src / "config.json").exists() else load_checkpoint(src)
     counts = head = None
     if a.top_n is not None:
-        # The run directory holds the counts: the parent of final/, the grandparent of checkpoints/step_N/.
-        near = [d / "token_counts.safetensors" for d in (src.parent, src.parent.parent)]
-        found = next((c for c in near if c.exists()), near[0])
-        counts_path = Path(a.token_counts) if a.token_counts else found
-        if not counts_path.exists():
-            raise SystemExit(f"{counts_path} not found: pass --token-counts")
-        counts = load_file(str(counts_path))["counts"]
+        counts_path = Path(a.token_counts) if a.token_counts else fmt.find_token_counts(src)
+        if counts_path is None or not counts_path.exists():
+            where = counts_path or f"{src.parent / fmt.TOKEN_COUNTS_NAME} (nor in {src.parent.parent})"
+            raise SystemExit(f"{where} not found: pass --token-counts")
+        counts = fmt.load_token_counts(counts_path)
         if model.lm_head is None:
             if not a.target_model_path:
                 raise SystemExit("tied-head draft: pass --target-model-path for the head rows")
             from nanospec.models import resolve
-            from train.target import load_target
+            from nanospec.train.target import load_target
 
             head = (
                 load_target(resolve(a.target_model_path), torch.float32, torch.device("cpu"))

@@ -1,6 +1,6 @@
 """``sgl_kernel.speculative`` of the fallback: the CPU speculative-decoding ops."""
 
-from patches.registry import OPS
+from nanospec.cpu.registry import OPS
 
 assign_draft_cache_locs_contiguous_cpu = OPS["assign_draft_cache_locs_contiguous_cpu"]
 assign_extend_cache_locs_cpu = OPS["assign_extend_cache_locs_cpu"]

@@ -235,8 +235,8 @@ def load_samples(
 ) -> tuple[list[Sample], Stats]:
     """Tokenized samples of one part ("train" or "eval") of a data source.
 
-    The last `holdout` usable records are the eval part, so training and `train.evaluate` agree on the split
-    without sharing state. `max_records` caps the raw records read (first ones).
+    The last `holdout` usable records are the eval part, so training and `nanospec.train.evaluate` agree on
+    the split without sharing state. `max_records` caps the raw records read (first ones).
     """
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("a fast tokenizer is required (character offsets locate assistant tokens)")

@@ -1,16 +1,16 @@
 """What a decode step and a target-verify cost on the CPU, old linear path against the new one.
 
-Run with the NanoSpec environment (it builds random EAGLE-3 drafts with ``nanospec.bench.tiny``)::
+Run with the NanoSpec environment (it builds random EAGLE-3 drafts with ``nanospec.testing``)::
 
-    .venv/bin/python -m patches.bench_verify --model ~/.cache/nanospec/models/smollm2-135m \\
+    .venv/bin/python -m nanospec.cpu.bench_verify --model ~/.cache/nanospec/models/smollm2-135m \\
         --model ~/.cache/nanospec/models/qwen2.5-coder-0.5b
 
 For each model and each ``NANOSPEC_CPU_LINEAR`` back end (``mkl``: SGLang's own ``F.linear`` and
-``torch.matmul``; ``onednn``: prepacked weights, patches/ops_linear.py) it starts three real SGLang
+``torch.matmul``; ``onednn``: prepacked weights, nanospec/cpu/ops_linear.py) it starts three real SGLang
 servers in turn, ``--device cpu``, float32, one request at a time: plain decoding (the target's
 DECODE forward), and EAGLE3 with a chain of 4 and of 8 draft tokens (the target's TARGET_VERIFY
 forward over 4 and 8 tokens). The target's forward passes are timed inside the server
-(``NANOSPEC_PROFILE_OPS``, patches/profiling.py); each of ``--repeats`` generations gives one mean
+(``NANOSPEC_PROFILE_OPS``, nanospec/cpu/profiling.py); each of ``--repeats`` generations gives one mean
 per forward, and the table shows min / median over them, the verify / decode ratios and the decode
 speed-up of ``onednn`` over ``mkl``. The drafts are random (acceptance ~1), which does not change what
 one verify costs.
@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from nanospec.bench.server import Server
-from nanospec.bench.tiny import make_tiny_eagle3_draft
-from patches.bench import _read
+from nanospec.cpu.bench import _read
+from nanospec.testing import make_tiny_eagle3_draft
 
 BACKENDS = ("mkl", "onednn")
 # (label, extra server arguments, forward timed)

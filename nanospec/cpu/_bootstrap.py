@@ -5,9 +5,9 @@ finder. The finder acts on two kinds of imports:
 
 - ``import sgl_kernel``: the real package is tried first. Only if executing it raises (the PyPI
   ``sglang-kernel`` wheel is CUDA-only and cannot load its ``common_ops`` library without
-  ``libcuda.so.1``) is the module replaced by ``patches.sgl_kernel`` (pure-PyTorch CPU ops). A working
+  ``libcuda.so.1``) is the module replaced by ``nanospec.cpu.sgl_kernel`` (pure-PyTorch CPU ops). A working
   ``sgl_kernel`` is never shadowed.
-- SGLang modules listed in ``patches.sglang_fixes.TARGETS``: after the module body runs, a fix-up
+- SGLang modules listed in ``nanospec.cpu.sglang_fixes.TARGETS``: after the module body runs, a fix-up
   function from that file patches it (only while the fallback is in use, i.e. on CPU-only hosts).
 
 Besides, in a process launched as ``python -m sglang.launch_server ... --device cpu`` it sets
@@ -108,7 +108,7 @@ class NanoSpecFinder(importlib.abc.MetaPathFinder):
             spec.submodule_search_locations = list(real.submodule_search_locations) if real else []
             return spec
         if fullname.startswith("sglang."):
-            from patches.sglang_fixes import TARGETS
+            from nanospec.cpu.sglang_fixes import TARGETS
 
             fixup = TARGETS.get(fullname)
             if fixup is None:

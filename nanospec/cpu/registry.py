@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from patches import ops_attention, ops_memory, ops_sampling, ops_spec, profiling
+from nanospec.cpu import ops_attention, ops_memory, ops_sampling, ops_spec, profiling
 
 SCHEMAS = {
     "decode_attention_cpu": (

@@ -1,8 +1,11 @@
-"""Tiny random models built locally: a byte-level BPE tokenizer, a random Llama, EAGLE-3 and EAGLE drafts.
+"""Test fixtures that ship with the product: tiny random models built locally and the SGLang server launcher
+with the tests' CPU defaults.
 
-Nothing here downloads anything; every artefact is created from code and a built-in text. The serving
-benchmark uses them for ``python -m nanospec.bench.specbench --make-tiny DIR`` and the test suite (through
-``tests/support/tiny_models.py``) for its servers.
+Nothing here downloads anything; every artefact is created from code and a built-in text. The test suite
+uses them through ``tests/support/`` (which adds what only tests need); the serving benchmark's
+``python -m nanospec.bench.specbench --make-tiny DIR``, the CPU op benchmarks (``nanospec.cpu.bench``,
+``nanospec.cpu.bench_verify``) and ``scripts/load_check.py`` use them directly, which is why they live in
+the package rather than in ``tests/`` (an installed NanoSpec has no ``tests``).
 
 ``make_tokenizer(dir, *, vocab_size=512) -> PreTrainedTokenizerFast``
     Trains a byte-level BPE tokenizer (``tokenizers``) on a built-in English text and saves it with
@@ -28,9 +31,10 @@ seed=0, agree=False) -> Path``
     A full-vocabulary EAGLE-3 draft for the model in ``target_dir``: ``architectures =
     ["LlamaForCausalLMEagle3"]``, ``draft_vocab_size == vocab_size``, one decoder layer (input
     ``2 * hidden``), ``fc`` fusing three target layers (``eagle_config.eagle_aux_hidden_state_layer_ids``,
-    by default ``[-1, L//2 - 1, L - 2]``, i.e. the inputs of layers 0, L//2 and L-1), its own ``norm``
-    and ``lm_head``; no ``d2t``/``t2d`` maps. Weight names follow SpecForge exports (``midlayer.*``,
-    ``fc.weight``, ``norm.weight``, ``lm_head.weight``), which SGLang 0.5.23's
+    by default the trainer's, ``nanospec.draft_format.default_aux_layer_ids``: ``[-1, 0, 1]`` for the
+    3-layer default target), its own ``norm`` and ``lm_head``; no ``d2t``/``t2d`` maps. Config and
+    directory are ``nanospec.draft_format``'s, as ``train/`` exports them; weight names follow SpecForge
+    exports (``midlayer.*``, ``fc.weight``, ``norm.weight``, ``lm_head.weight``), which SGLang 0.5.23's
     ``srt/models/llama_eagle3.py`` renames on load. The tokenizer is copied alongside.
 
     ``agree=True`` (with an ``agree=True`` target) builds a draft whose greedy proposals always equal
@@ -59,16 +63,27 @@ seed=0, agree=False) -> Path``
 ``make_tiny(root, vocab_size, hidden) -> (target_dir, draft_dir)``
     The benchmark's pair: ``make_tiny_llama`` (8 heads, 4 KV heads, MLP width ``2 * hidden``) in
     ``root/target`` and its full-vocabulary EAGLE-3 draft in ``root/draft``, reused when already there.
+
+``SGLangServer(model_path, *, args=(), env=None, log_path=None, port=None, device="cpu",
+startup_timeout=600.0)``
+    ``nanospec.bench.server.Server`` (start, stop, readiness, requests, log: see its docstring), with
+    the tests' defaults: with ``device="cpu"`` it adds ``--device cpu`` and ``--skip-server-warmup``
+    (unless given in ``args``) and ``OMP_NUM_THREADS=1`` (unless set in the environment or ``env``).
+    Nothing else: the installed ``nanospec.cpu`` start-up hook sets ``SGLANG_USE_CPU_ENGINE=1`` and a CPU
+    default for ``--max-total-tokens`` (docs/cpu.md), so the server runs exactly as a user's would. The
+    log is appended to, never truncated; ``generate`` has ``ignore_eos`` on by default.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import torch
+
+from nanospec import draft_format as fmt
+from nanospec.bench.server import Server
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 
@@ -281,12 +296,8 @@ def make_tiny_eagle3_draft(
     tcfg = json.loads((target_dir / "config.json").read_text())
     V = tcfg["vocab_size"]
     H, inter, nh, nkv, hd = _shapes(tcfg)
-    L = tcfg["num_hidden_layers"]
-    if layer_ids is None:
-        if L < 3:
-            raise ValueError("the target needs at least 3 layers for a 3-layer EAGLE-3 fusion")
-        layer_ids = [-1, L // 2 - 1, L - 2]
-    n_aux = len(layer_ids)
+    config = {**fmt.draft_config_dict(tcfg, layer_ids, tie_head=False), "torch_dtype": "float32"}
+    n_aux = len(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
 
     g = torch.Generator().manual_seed(20_000 + seed)
 
@@ -337,12 +348,6 @@ def make_tiny_eagle3_draft(
                 "lm_head.weight": _shift_head(emb, 4.0),
             }
         )
-    config = {
-        **_one_layer_config(tcfg, "LlamaForCausalLMEagle3"),
-        "draft_vocab_size": V,
-        "target_hidden_size": H,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids), "use_aux_hidden_state": True},
-    }
     return _save_draft(out, target_dir, sd, config)
 
 
@@ -390,9 +395,11 @@ def make_tiny_eagle_draft(dir, target_dir, *, agree: bool = False, seed: int = 0
             "layers.0.self_attn.o_proj.weight": torch.zeros(H, nh * hd),
             "layers.0.mlp.down_proj.weight": torch.zeros(H, inter),
         })
-    # Not tied (see _one_layer_config): tied, the draft's lm_head would be its embedding module, to which
+    # Not tied (one_layer_fields): tied, the draft's lm_head would be its embedding module, to which
     # SGLang could not bind the target's embedding and LM head (two tensors) separately.
-    return _save_draft(out, target_dir, sd, _one_layer_config(tcfg, "LlamaForCausalLMEagle"))
+    config = {**fmt.one_layer_fields(tcfg), "architectures": ["LlamaForCausalLMEagle"], "model_type": "llama",
+              "torch_dtype": "float32"}
+    return _save_draft(out, target_dir, sd, config)
 
 
 def _shapes(tcfg: dict) -> tuple[int, int, int, int, int]:
@@ -402,43 +409,12 @@ def _shapes(tcfg: dict) -> tuple[int, int, int, int, int]:
             tcfg.get("head_dim") or hidden // nh)
 
 
-def _one_layer_config(tcfg: dict, architecture: str) -> dict:
-    """config.json fields of a one-layer Llama draft that SGLang loads as ``architecture``, with the
-    target's (config ``tcfg``) shapes, RoPE, norm epsilon and special tokens; its own head, not tied."""
-    hidden, inter, nh, nkv, hd = _shapes(tcfg)
-    rope = tcfg.get("rope_parameters") or {}
-    return {
-        "architectures": [architecture],
-        "model_type": "llama",
-        "hidden_size": hidden,
-        "intermediate_size": inter,
-        "num_attention_heads": nh,
-        "num_key_value_heads": nkv,
-        "head_dim": hd,
-        "num_hidden_layers": 1,
-        "hidden_act": "silu",
-        "max_position_embeddings": tcfg.get("max_position_embeddings", 4096),
-        "rms_norm_eps": tcfg.get("rms_norm_eps", 1e-6),
-        "rope_theta": rope.get("rope_theta", tcfg.get("rope_theta", 10000.0)),
-        "vocab_size": tcfg["vocab_size"],
-        "tie_word_embeddings": False,
-        "torch_dtype": "float32",
-        "bos_token_id": tcfg.get("bos_token_id"),
-        "eos_token_id": tcfg.get("eos_token_id"),
-    }
-
-
 def _save_draft(out: Path, target_dir: Path, sd: dict, config: dict) -> Path:
-    """Write a draft directory: float32 ``sd`` as model.safetensors, ``config``, the target's tokenizer."""
-    from safetensors.torch import save_file
-
-    sd = {k: v.float().contiguous() for k, v in sd.items()}
-    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
-        if (target_dir / name).exists():
-            shutil.copy(target_dir / name, out / name)
-    return out
+    """Write a draft directory (``draft_format.save_draft_dir``): the target's tokenizer, float32 ``sd`` as
+    model.safetensors, ``config``."""
+    tokenizer = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+    return fmt.save_draft_dir(out, {k: v.float() for k, v in sd.items()}, config,
+                              extra_files=[target_dir / name for name in tokenizer])
 
 
 def _built(target: Path, draft: Path, vocab_size: int, hidden: int) -> bool:
@@ -464,3 +440,43 @@ def make_tiny(root, vocab_size: int, hidden: int) -> tuple[Path, Path]:
                         intermediate=2 * hidden)
         make_tiny_eagle3_draft(draft, target)
     return target, draft
+
+
+# -- the SGLang server launcher of the tests -----------------------------------------------------------
+
+CPU_DEFAULTS: dict[str, str] = {}
+CPU_FLAGS = ("--skip-server-warmup",)
+
+
+class SGLangServer(Server):
+    """``Server`` with the tests' CPU defaults (module docstring)."""
+
+    def __init__(self, model_path, *, args=(), env: dict | None = None, log_path=None,
+                 port: int | None = None, device: str = "cpu", startup_timeout: float = 600.0) -> None:
+        super().__init__(model_path, args, env, log_path, startup_timeout, port=port, append_log=True)
+        self.device = device
+
+    def launch_args(self) -> list[str]:
+        extra = []
+        if self.device == "cpu":
+            if "--device" not in self.args:
+                extra += ["--device", "cpu"]
+            for flag, value in CPU_DEFAULTS.items():
+                if flag not in self.args:
+                    extra += [flag, value]
+            extra += [flag for flag in CPU_FLAGS if flag not in self.args]
+        return extra + self.args
+
+    def environment(self) -> dict[str, str]:
+        env = super().environment()
+        if self.device == "cpu" and "OMP_NUM_THREADS" not in self.env:
+            # Tiny test models: one OpenMP thread avoids spin-wait collapse on a busy 2-core host.
+            env.setdefault("OMP_NUM_THREADS", "1")
+        return env
+
+    def stop(self, grace: float = 15.0) -> None:
+        super().stop(grace)
+
+    def generate(self, prompt, max_new_tokens: int = 32, **sampling) -> dict:
+        sampling.setdefault("ignore_eos", True)
+        return super().generate(prompt, max_new_tokens, timeout=300.0, **sampling)

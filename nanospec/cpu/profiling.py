@@ -1,4 +1,4 @@
-"""Opt-in timing of the fallback ops and of SGLang's forward passes, for ``python -m patches.bench``.
+"""Opt-in timing of the fallback ops and of SGLang's forward passes, for ``python -m nanospec.cpu.bench``.
 
 Enabled in a process when ``NANOSPEC_PROFILE_OPS`` names a directory: every fallback op, every
 ``ModelRunner.forward`` (target and draft) and every ``EAGLEWorkerV2.forward_batch_generation`` (one
