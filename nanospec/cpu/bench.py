@@ -1,6 +1,6 @@
 """Where an EAGLE3 decode cycle goes on the CPU: fallback sgl_kernel ops vs the model forward passes.
 
-Run from the repository root (it builds the tiny models with ``tests/support``)::
+Any directory (it builds the tiny models with ``nanospec.testing``)::
 
     .venv/bin/python -m nanospec.cpu.bench                         # tiny random Llama + EAGLE-3 draft
     .venv/bin/python -m nanospec.cpu.bench --real ~/.cache/nanospec/models/smollm2-135m
