@@ -268,11 +268,17 @@ def load_samples(
             stats.skipped["no assistant token within max_length"] += 1
         else:
             samples.append(Sample(*out))
-    if holdout:
-        if holdout >= len(samples):
-            raise ValueError(f"holdout {holdout} leaves no training samples (only {len(samples)} usable)")
-        samples = samples[-holdout:] if part == "eval" else samples[:-holdout]
-    return samples, stats
+    train, held_out = holdout_split(samples, holdout)
+    return (held_out if part == "eval" else train), stats
+
+
+def holdout_split(samples: list[Sample], holdout: int) -> tuple[list[Sample], list[Sample]]:
+    """(train, eval): the last `holdout` samples are the eval part (none when holdout is 0)."""
+    if not holdout:
+        return samples, []
+    if holdout >= len(samples):
+        raise ValueError(f"holdout {holdout} leaves no training samples (only {len(samples)} usable)")
+    return samples[:-holdout], samples[-holdout:]
 
 
 def token_counts(samples: list[Sample], vocab_size: int) -> torch.Tensor:

@@ -30,7 +30,7 @@ from transformers import AutoConfig, AutoTokenizer
 from nanospec.models import resolve as resolve_model
 from nanospec.train import config as config_mod
 from nanospec.train.config import Options
-from nanospec.train.data import batch_indices, collate, load_samples, token_counts
+from nanospec.train.data import batch_indices, collate, holdout_split, load_samples, token_counts
 from nanospec.train.evaluate import evaluate
 from nanospec.train.export import save_draft
 from nanospec.train.model import Eagle3Draft, candidate_set, check_aux_layer_ids, draft_config
@@ -138,12 +138,13 @@ def main(argv: list[str] | None = None) -> Path:
 
     # -- data: tokenized conversations with their assistant-only loss masks ----------------------------
     tokenizer = AutoTokenizer.from_pretrained(opts.target_model_path)
-    data_args = (opts.data_path, opts.max_length, opts.data_split, opts.max_records, opts.eval_holdout)
-    samples, stats = load_samples(tokenizer, *data_args, "train")
+    # Read and render once; the held-out part is the same split nanospec.train.evaluate --holdout reads.
+    data = (opts.data_path, opts.max_length, opts.data_split, opts.max_records)
+    usable, stats = load_samples(tokenizer, *data)
+    samples, held_out = holdout_split(usable, opts.eval_holdout)
     accelerator.print(f"data: {stats.summary()}" + (" (file was truncated)" if stats.truncated_file else ""))
     if not samples:
         raise SystemExit("no usable training conversations")
-    held_out = load_samples(tokenizer, *data_args, "eval")[0] if opts.eval_every else []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     # -- models: the frozen target and the draft (its head a copy of the target's, or the target's own) --
