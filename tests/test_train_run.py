@@ -508,3 +508,22 @@ def test_options_are_one_frozen_dataclass_and_one_stop_reason_decides_checkpoint
     assert stop_reason(opts, 3, True) == "out_of_time"  # checkpoint and export
     assert stop_reason(opts, 4, True) == "interrupted"  # checkpoint, no export: the interruption wins
     assert stop_reason(opts, 10, True) == "done"  # the schedule's end always exports
+
+
+def test_init_draft_starts_from_an_exported_draft_and_refuses_another_shape(target, corpus, tmp_path):
+    base = ["--target-model-path", str(target), "--data-path", str(corpus), "--ttt-steps", "2",
+            "--max-length", "64", "--save-every", "0", "--tie-head", "--dtype", "float32"]
+    first = train_main(base + ["--output-dir", str(tmp_path / "a"), "--max-steps", "3"])
+    # Zero steps from the export: the new run's final draft is the exported one, weight for weight.
+    again = train_main(base + ["--output-dir", str(tmp_path / "b"), "--max-steps", "0",
+                               "--init-draft", str(first)])
+    w0, w1 = load_file(str(first / "model.safetensors")), load_file(str(again / "model.safetensors"))
+    assert w0.keys() == w1.keys() and all(torch.equal(w0[k], w1[k]) for k in w0)
+    fresh = train_main(base + ["--output-dir", str(tmp_path / "c"), "--max-steps", "0"])
+    assert not torch.equal(load_file(str(fresh / "model.safetensors"))["fc.weight"], w0["fc.weight"])
+    with pytest.raises(SystemExit, match="init-draft"):  # a tied draft into a run with its own head
+        train_main([a for a in base if a != "--tie-head"] + ["--output-dir", str(tmp_path / "d"),
+                                                            "--max-steps", "1", "--init-draft", str(first)])
+    with pytest.raises(SystemExit, match="init-draft"):
+        train_main(base + ["--output-dir", str(tmp_path / "e"), "--max-steps", "1",
+                           "--init-draft", str(tmp_path / "missing")])

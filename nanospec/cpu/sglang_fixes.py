@@ -155,6 +155,68 @@ def _fix_logits_processor(mod) -> None:
     cls._compute_lm_head = _compute_lm_head
 
 
+def _fix_layernorm(mod) -> None:
+    """sglang/srt/layers/layernorm.py (0.5.23): on a CPU without AMX, SGLang's op dispatch
+    (``sglang/kernels/fused_op.py``, ``_platform_key``) runs ``RMSNorm.forward_native``, about ten
+    one-row ops per call. Run plain float32 CPU norms (with or without the residual sum) as
+    ``F.rms_norm`` (nanospec/cpu/ops_layers.py), bitwise the same. Not a defect, a CPU cost cut;
+    ``NANOSPEC_CPU_LAYERS=sglang`` keeps SGLang's. Norms with a variance override or a post-residual
+    addition, and subclasses with their own ``forward_native``, keep theirs. SGLang's own method stays
+    reachable as ``forward_native.__nanospec_original__`` (the tests' oracle)."""
+    import torch
+
+    from nanospec.cpu import ops_layers
+
+    if ops_layers.mode() != "fused":
+        return
+    cls = mod.RMSNorm
+    original = cls.forward_native
+    if getattr(original, "__nanospec__", False):
+        return
+
+    def forward_native(self, x, residual=None, post_residual_addition=None, quant_linear=None):
+        weight = self.weight
+        if (post_residual_addition is None and self.variance_size_override is None
+                and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+                and x.shape[-1] == self.hidden_size
+                and (residual is None or residual.dtype == torch.float32)):
+            return ops_layers.rms_norm(x, weight.data, self.variance_epsilon, residual)
+        return original(self, x, residual, post_residual_addition, quant_linear)
+
+    forward_native.__nanospec__ = True
+    forward_native.__nanospec_original__ = original
+    cls.forward_native = forward_native
+
+
+def _fix_rotary(mod) -> None:
+    """sglang/srt/layers/rotary_embedding/base.py (0.5.23): on a CPU without AMX, SGLang runs
+    ``RotaryEmbedding.forward_native``, which rotates the query and the key separately in about 15 ops
+    each. Rotate both as one tensor (nanospec/cpu/ops_layers.py), bitwise the same, for float32 CPU
+    tensors; subclasses with their own ``forward_native`` keep theirs. Same switch and oracle as
+    ``_fix_layernorm``."""
+    from nanospec.cpu import ops_layers
+
+    if ops_layers.mode() != "fused":
+        return
+    cls = mod.RotaryEmbedding
+    original = cls.forward_native
+    if getattr(original, "__nanospec__", False):
+        return
+
+    def forward_native(self, positions, query, key, offsets=None, fused_set_kv_buffer_arg=None):
+        if (fused_set_kv_buffer_arg is None and not hasattr(self, "sin_cos_cache")
+                and ops_layers.rope_usable(query, key, self.cos_sin_cache, self.head_size, self.rotary_dim)):
+            if offsets is not None:
+                positions = positions + offsets
+            return ops_layers.rope(positions, query, key, self.cos_sin_cache, self.head_size,
+                                   self.rotary_dim, self.is_neox_style)
+        return original(self, positions, query, key, offsets, fused_set_kv_buffer_arg)
+
+    forward_native.__nanospec__ = True
+    forward_native.__nanospec_original__ = original
+    cls.forward_native = forward_native
+
+
 def _fix_allocation(mod) -> None:
     """sglang/srt/mem_cache/allocation.py (0.5.23): ``get_last_loc`` launches the Triton kernel
     ``get_last_loc_triton`` for every attention backend but ascend/torch_native; with ``--page-size``
@@ -177,6 +239,8 @@ TARGETS = {
     "sglang.srt.mem_cache.allocation": _fix_allocation,
     "sglang.srt.layers.quantization.unquant": _fix_unquant,
     "sglang.srt.layers.logits_processor": _fix_logits_processor,
+    "sglang.srt.layers.layernorm": _fix_layernorm,
+    "sglang.srt.layers.rotary_embedding.base": _fix_rotary,
     "sglang.srt.layers.attention.intel_amx_backend": _fix_intel_amx_backend,
     "sglang.srt.arg_groups.attention_hook": _fix_attention_hook,
     "sglang.srt.arg_groups.platform_hook": _fix_platform_hook,

@@ -50,6 +50,11 @@ class Options:
         "target",
         "initial draft head: 'target' (copy of the target's head) or 'random'",
     )
+    init_draft: str | None = _opt(
+        str,
+        None,
+        "start from this exported draft's weights (a directory of nanospec.train.export; fine-tuning)",
+    )
     ttt_steps: int = _opt(int, 7, "training-time-test steps")
     ttt_decay: float = _opt(float, 0.8, "loss weight of TTT step k is decay**k")
     batch_size: int = _opt(int, 1, "conversations per process per micro-batch")

@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
+from nanospec import draft_format as fmt
 from nanospec.models import resolve as resolve_model
 from nanospec.train import config as config_mod
 from nanospec.train.config import Options
@@ -113,6 +114,26 @@ def stop_reason(opts: Options, step: int, out_of_time: bool) -> str | None:
     return None
 
 
+def init_from(model: Eagle3Draft, path: str, target_config, aux_ids: list[int]) -> None:
+    """Load an exported draft's weights into `model` (fine-tuning). The draft must be this target's and
+    have this run's shape (head kind, capture layers); a mismatch is an error naming both."""
+    try:
+        draft_cfg, state = fmt.load_draft_dir(path, target_config)
+    except fmt.DraftFormatError as e:
+        raise SystemExit(f"--init-draft: {e}") from None
+    got = (draft_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if list(got or []) != list(aux_ids):
+        raise SystemExit(f"--init-draft {path}: captures layers {got}, this run {list(aux_ids)}")
+    state = {k: v.float() for k, v in state.items() if k not in (fmt.D2T, fmt.T2D)}
+    mine = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    theirs = {k: tuple(v.shape) for k, v in state.items()}
+    if mine != theirs:
+        diff = sorted(set(mine.items()) ^ set(theirs.items()))[:4]
+        raise SystemExit(f"--init-draft {path}: weights differ from this run's draft (tie_head, vocabulary): "
+                         f"{diff}")
+    model.load_state_dict(state)
+
+
 def main(argv: list[str] | None = None) -> Path:
     # -- options: defaults < YAML < flags; bad ones stop here with the argparse error (exit code 2) ----------
     try:
@@ -130,6 +151,11 @@ def main(argv: list[str] | None = None) -> Path:
             check_aux_layer_ids(opts.aux_layer_ids, layers)
         except ValueError as e:
             config_mod.parser().error(str(e))
+    if opts.init_draft:  # before data and weights are read, as for the layer ids
+        try:
+            fmt.check_draft_dir(opts.init_draft)
+        except fmt.DraftFormatError as e:
+            raise SystemExit(f"--init-draft: {e}") from None
     run = Path(opts.output_dir)
     precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "no")
     accelerator = Accelerator(mixed_precision=precision)
@@ -157,6 +183,8 @@ def main(argv: list[str] | None = None) -> Path:
     model = Eagle3Draft(cfg)
     if model.lm_head is not None and opts.head_init == "target":
         model.lm_head.weight.data.copy_(head_w.float())
+    if opts.init_draft and not (opts.resume and checkpoints(run)):
+        init_from(model, opts.init_draft, target.config, aux_ids)
     if main_proc:
         run.mkdir(parents=True, exist_ok=True)
         (run / "draft_config.json").write_text(cfg.to_json_string())
