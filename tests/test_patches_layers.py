@@ -45,6 +45,8 @@ _CHECK = """
     x, r = torch.randn(3, 8), torch.randn(3, 8)
     (a, ra), (b, rb) = norm(x, r, post_residual_addition=r), ref_norm(norm, x, r, post_residual_addition=r)
     out["norm_other"] = torch.equal(a, b) and torch.equal(ra, rb)
+    cast = RMSNorm(8, eps=1e-5, override_orig_dtype=torch.bfloat16)
+    out["norm_other"] &= cast(x).dtype == torch.bfloat16 and torch.equal(cast(x), ref_norm(cast, x))
     for neox in (True, False):
         for rot in (64, 32):
             emb = RotaryEmbedding(64, rot, 512, 10000, neox, torch.float32)

@@ -177,6 +177,7 @@ def _fix_layernorm(mod) -> None:
     def forward_native(self, x, residual=None, post_residual_addition=None, quant_linear=None):
         weight = self.weight
         if (post_residual_addition is None and self.variance_size_override is None
+                and getattr(self, "override_orig_dtype", None) in (None, torch.float32)
                 and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
                 and x.shape[-1] == self.hidden_size
                 and (residual is None or residual.dtype == torch.float32)):
