@@ -175,6 +175,12 @@ def normalize(record) -> tuple[list[dict] | None, str | None]:
     return messages, None
 
 
+def chat_text(tokenizer, messages: list[dict], generation_prompt: bool = False) -> str:
+    """`messages` rendered with the tokenizer's chat template (ChatML when it has none)."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
+                                         chat_template=tokenizer.chat_template or CHATML)
+
+
 def render(tokenizer, messages: list[dict], max_length: int) -> tuple[list[int], list[int]] | None:
     """Chat-template tokens and a loss mask that is 1 exactly on assistant-written tokens.
 
@@ -183,17 +189,12 @@ def render(tokenizer, messages: list[dict], max_length: int) -> tuple[list[int],
     when the template renders a prefix of the conversation inconsistently (spans cannot be located).
     """
 
-    def text_of(msgs, gen=False):
-        return tokenizer.apply_chat_template(
-            msgs, tokenize=False, add_generation_prompt=gen, chat_template=tokenizer.chat_template or CHATML
-        )
-
-    full = text_of(messages)
+    full = chat_text(tokenizer, messages)
     spans = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        start, through = text_of(messages[:i], gen=True), text_of(messages[: i + 1])
+        start, through = chat_text(tokenizer, messages[:i], True), chat_text(tokenizer, messages[: i + 1])
         if not (full.startswith(through) and through.startswith(start)):
             return None
         spans.append((len(start), len(through.rstrip())))

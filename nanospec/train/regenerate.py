@@ -30,7 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from nanospec.train.data import CHATML, normalize, read_records
+from nanospec.train.data import chat_text, normalize, read_records
 
 
 def prompt_messages(messages: list[dict]) -> list[dict] | None:
@@ -42,9 +42,7 @@ def prompt_messages(messages: list[dict]) -> list[dict] | None:
 
 def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     """Chat-template tokens of `messages` followed by the generation prompt."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                         chat_template=tokenizer.chat_template or CHATML)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(chat_text(tokenizer, messages, True), add_special_tokens=False)["input_ids"]
 
 
 def prompts(tokenizer, source: str, max_records: int | None, max_prompt: int) -> tuple[list, dict]:
