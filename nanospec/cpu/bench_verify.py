@@ -28,13 +28,14 @@ import time
 from pathlib import Path
 
 from nanospec.bench.server import Server
+from nanospec.cpu import ops_layers, ops_linear
 from nanospec.cpu.bench import _read
 from nanospec.testing import make_tiny_eagle3_draft
 
 PATHS = {
-    "old": {"NANOSPEC_CPU_LINEAR": "mkl", "NANOSPEC_CPU_LAYERS": "sglang"},
-    "linear": {"NANOSPEC_CPU_LINEAR": "onednn", "NANOSPEC_CPU_LAYERS": "sglang"},
-    "new": {"NANOSPEC_CPU_LINEAR": "onednn", "NANOSPEC_CPU_LAYERS": "fused"},
+    "old": {ops_linear.ENV: "mkl", ops_layers.ENV: "sglang"},
+    "linear": {ops_linear.ENV: "onednn", ops_layers.ENV: "sglang"},
+    "new": {ops_linear.ENV: "onednn", ops_layers.ENV: "fused"},
 }
 # (label, extra server arguments, forward timed)
 RUNS = (
