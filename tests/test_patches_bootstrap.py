@@ -120,3 +120,33 @@ def test_cpu_engine_is_enabled_only_for_sglang_on_cpu(monkeypatch, argv, expecte
     _bootstrap._maybe_enable_cpu_engine()
     assert os.environ.get("SGLANG_USE_CPU_ENGINE") == expected
     monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
+
+
+@needs_install
+def test_every_sglang_fix_is_installed_once_and_keeps_sglangs_function():
+    # The bootstrap fixes each module on import; applying a fix again (a module executed twice) must not
+    # wrap the fix in itself, and every fix keeps SGLang's function as __nanospec_original__.
+    out = _run("""
+        import importlib
+        import sgl_kernel
+        from nanospec.cpu import sglang_fixes
+        if not getattr(sgl_kernel, "__nanospec_fallback__", False):
+            raise SystemExit(print("real sgl_kernel"))
+        installed = set()
+        install = sglang_fixes._install
+        def spy(owner, name, replacement):
+            install(owner, name, replacement)
+            installed.add((owner, name))
+        sglang_fixes._install = spy
+        for name, fix in sglang_fixes.TARGETS.items():
+            fix(importlib.import_module(name))
+        for owner, name in sorted(installed, key=str):
+            fn = getattr(owner, name)
+            original = fn.__nanospec_original__
+            assert fn.__nanospec__ and not getattr(original, "__nanospec__", False), (owner, name)
+            assert original.__qualname__ == fn.__qualname__, (owner, name)
+        print(len(installed))
+    """)
+    if out.endswith("real sgl_kernel"):
+        pytest.skip("the real sgl_kernel loads here: no fix is applied")
+    assert int(out.splitlines()[-1]) == 9

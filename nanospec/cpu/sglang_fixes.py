@@ -18,6 +18,19 @@ logger = logging.getLogger("nanospec.cpu")
 CPU_DEFAULT_MAX_TOTAL_TOKENS = 32768
 
 
+def _install(owner, name: str, replacement) -> None:
+    """Set ``owner.name`` to ``replacement`` unless a NanoSpec fix is there already (a module executed
+    twice, a second bootstrap). The replacement is marked ``__nanospec__`` and keeps SGLang's function
+    as ``__nanospec_original__`` (the tests' oracle)."""
+    original = getattr(owner, name)
+    if getattr(original, "__nanospec__", False):
+        return
+    replacement.__nanospec__ = True
+    replacement.__nanospec_original__ = original
+    replacement.__qualname__ = original.__qualname__
+    setattr(owner, name, replacement)
+
+
 def _fix_attention_hook(mod) -> None:
     """sglang/srt/arg_groups/attention_hook.py (0.5.23) runs ``_attention_backend_platform_fallbacks``
     (from overrides.py), which rewrites ``intel_amx`` to ``torch_native`` when the CPU lacks AMX.
@@ -25,8 +38,6 @@ def _fix_attention_hook(mod) -> None:
     needs ``decode_attention_cpu``/``extend_attention_cpu``, which the fallback provides for any CPU.
     Keep intel_amx on CPU; other rewrites are unchanged."""
     original = mod._attention_backend_platform_fallbacks
-    if getattr(original, "__nanospec__", False):
-        return
 
     def _attention_backend_platform_fallbacks(view):
         if view.device == "cpu" and "intel_amx" in (
@@ -37,9 +48,7 @@ def _fix_attention_hook(mod) -> None:
             return {}
         return original(view)
 
-    _attention_backend_platform_fallbacks.__nanospec__ = True
-    _attention_backend_platform_fallbacks.__qualname__ = original.__qualname__
-    mod._attention_backend_platform_fallbacks = _attention_backend_platform_fallbacks
+    _install(mod, "_attention_backend_platform_fallbacks", _attention_backend_platform_fallbacks)
 
 
 def _fix_platform_hook(mod) -> None:
@@ -47,8 +56,6 @@ def _fix_platform_hook(mod) -> None:
     leaves ``max_total_tokens`` unset, so the KV cache takes a fraction of all free RAM. Default it to
     ``CPU_DEFAULT_MAX_TOTAL_TOKENS`` (SGLang still lowers it if memory is short)."""
     original = mod.handle_cpu_backends
-    if getattr(original, "__nanospec__", False):
-        return
 
     def handle_cpu_backends(server_args):
         original(server_args)
@@ -57,8 +64,7 @@ def _fix_platform_hook(mod) -> None:
             value = int(os.environ.get("NANOSPEC_CPU_MAX_TOTAL_TOKENS", CPU_DEFAULT_MAX_TOTAL_TOKENS))
             mod.declare_resolution(server_args, "_nanospec_cpu_defaults", max_total_tokens=value)
 
-    handle_cpu_backends.__nanospec__ = True
-    mod.handle_cpu_backends = handle_cpu_backends
+    _install(mod, "handle_cpu_backends", handle_cpu_backends)
 
 
 def _fix_eagle_utils(mod) -> None:
@@ -71,14 +77,11 @@ def _fix_eagle_utils(mod) -> None:
     from nanospec.cpu.registry import OPS
 
     original = mod._verify_uses_greedy
-    if getattr(original, "__nanospec__", False):
-        return
 
     def _verify_uses_greedy(*, is_cpu, **kwargs):
         return original(is_cpu=False, **kwargs)
 
-    _verify_uses_greedy.__nanospec__ = True
-    mod._verify_uses_greedy = _verify_uses_greedy
+    _install(mod, "_verify_uses_greedy", _verify_uses_greedy)
     mod.tree_speculative_sampling_target_only = OPS["tree_speculative_sampling_target_only"]
     mod.top_k_renorm_prob = OPS["top_k_renorm_prob"]
     mod.top_p_renorm_prob = OPS["top_p_renorm_prob"]
@@ -92,16 +95,13 @@ def _fix_intel_amx_backend(mod) -> None:
 
     cls = mod.IntelAMXAttnBackend
     original = cls.__init__
-    if getattr(original, "__nanospec__", False):
-        return
 
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         self.decode_attention_fwd = OPS["decode_attention_cpu"]
         self.extend_attention_fwd = OPS["extend_attention_cpu"]
 
-    __init__.__nanospec__ = True
-    cls.__init__ = __init__
+    _install(cls, "__init__", __init__)
 
 
 def _fix_unquant(mod) -> None:
@@ -115,16 +115,13 @@ def _fix_unquant(mod) -> None:
         return
     cls = mod.UnquantizedLinearMethod
     original = cls.apply
-    if getattr(original, "__nanospec__", False):
-        return
 
     def apply(self, layer, x, bias=None):
         if not getattr(layer, "use_intel_amx_backend", False) and ops_linear.usable(x, layer.weight):
             return ops_linear.linear(layer, x, layer.weight, bias)
         return original(self, layer, x, bias)
 
-    apply.__nanospec__ = True
-    cls.apply = apply
+    _install(cls, "apply", apply)
 
 
 def _fix_logits_processor(mod) -> None:
@@ -138,8 +135,6 @@ def _fix_logits_processor(mod) -> None:
         return
     cls = mod.LogitsProcessor
     original = cls._compute_lm_head
-    if getattr(original, "__nanospec__", False):
-        return
 
     def _compute_lm_head(self, hidden_states, lm_head, embedding_bias=None, *, out=None):
         weight = getattr(lm_head, "weight", None)
@@ -151,8 +146,7 @@ def _fix_logits_processor(mod) -> None:
             return ops_linear.linear(lm_head, hidden_states, weight, None)
         return original(self, hidden_states, lm_head, embedding_bias, out=out)
 
-    _compute_lm_head.__nanospec__ = True
-    cls._compute_lm_head = _compute_lm_head
+    _install(cls, "_compute_lm_head", _compute_lm_head)
 
 
 def _fix_layernorm(mod) -> None:
@@ -162,7 +156,7 @@ def _fix_layernorm(mod) -> None:
     ``F.rms_norm`` (nanospec/cpu/ops_layers.py), bitwise the same. Not a defect, a CPU cost cut;
     ``NANOSPEC_CPU_LAYERS=sglang`` keeps SGLang's. Norms with a variance override or a post-residual
     addition, and subclasses with their own ``forward_native``, keep theirs. SGLang's own method stays
-    reachable as ``forward_native.__nanospec_original__`` (the tests' oracle)."""
+    reachable as ``forward_native.__nanospec_original__`` (``_install``)."""
     import torch
 
     from nanospec.cpu import ops_layers
@@ -171,8 +165,6 @@ def _fix_layernorm(mod) -> None:
         return
     cls = mod.RMSNorm
     original = cls.forward_native
-    if getattr(original, "__nanospec__", False):
-        return
 
     def forward_native(self, x, residual=None, post_residual_addition=None, quant_linear=None):
         weight = self.weight
@@ -184,9 +176,7 @@ def _fix_layernorm(mod) -> None:
             return ops_layers.rms_norm(x, weight.data, self.variance_epsilon, residual)
         return original(self, x, residual, post_residual_addition, quant_linear)
 
-    forward_native.__nanospec__ = True
-    forward_native.__nanospec_original__ = original
-    cls.forward_native = forward_native
+    _install(cls, "forward_native", forward_native)
 
 
 def _fix_rotary(mod) -> None:
@@ -201,8 +191,6 @@ def _fix_rotary(mod) -> None:
         return
     cls = mod.RotaryEmbedding
     original = cls.forward_native
-    if getattr(original, "__nanospec__", False):
-        return
 
     def forward_native(self, positions, query, key, offsets=None, fused_set_kv_buffer_arg=None):
         if (fused_set_kv_buffer_arg is None and not hasattr(self, "sin_cos_cache")
@@ -213,9 +201,7 @@ def _fix_rotary(mod) -> None:
                                    self.rotary_dim, self.is_neox_style)
         return original(self, positions, query, key, offsets, fused_set_kv_buffer_arg)
 
-    forward_native.__nanospec__ = True
-    forward_native.__nanospec_original__ = original
-    cls.forward_native = forward_native
+    _install(cls, "forward_native", forward_native)
 
 
 def _fix_allocation(mod) -> None:
@@ -224,16 +210,13 @@ def _fix_allocation(mod) -> None:
     above 1 the speculative decode allocation reaches it, and a CPU host has no Triton driver
     ("0 active drivers"). Use SGLang's own ``get_last_loc_torch`` for CPU tensors."""
     original = mod.get_last_loc
-    if getattr(original, "__nanospec__", False):
-        return
 
     def get_last_loc(req_to_token, req_pool_indices_tensor, prefix_lens_tensor):
         if req_to_token.device.type == "cpu":
             return mod.get_last_loc_torch(req_to_token, req_pool_indices_tensor, prefix_lens_tensor)
         return original(req_to_token, req_pool_indices_tensor, prefix_lens_tensor)
 
-    get_last_loc.__nanospec__ = True
-    mod.get_last_loc = get_last_loc
+    _install(mod, "get_last_loc", get_last_loc)
 
 
 TARGETS = {
