@@ -131,6 +131,15 @@ def overall_table(summary: dict) -> str:
     return "\n".join(rows)
 
 
+def bench_argv(a: argparse.Namespace, target: str, draft: Path) -> list[str]:
+    """The Spec-Bench harness's command line for this demo run."""
+    return ["--target", target, "--draft", str(draft), "--questions", a.questions,
+            "--num-questions", str(a.num_questions), "--max-turns", str(a.max_turns),
+            "--max-new-tokens", str(a.max_new_tokens), "--methods", a.methods, "--threads", str(a.threads),
+            "--spec-steps", str(a.spec_steps), "--spec-topk", str(a.spec_topk),
+            "--spec-draft-tokens", str(a.spec_draft_tokens), "--out", str(a.out)]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m", help="model-zoo name or directory")
@@ -150,6 +159,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-turns", type=int, default=1)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--methods", default="ar,eagle3,nanospec")
+    ap.add_argument("--spec-steps", type=int, default=3, help="draft steps per verify (SGLang's)")
+    ap.add_argument("--spec-topk", type=int, default=1, help="draft branches per step (1: a chain)")
+    ap.add_argument("--spec-draft-tokens", type=int, default=4, help="draft tokens verified per step")
     ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of training and the servers")
     ap.add_argument("--out", type=Path, default=Path("demo_out"))
     return ap.parse_args(argv)
@@ -164,12 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[demo] target {a.model}", flush=True)
     target = resolve(a.model)
     draft = pick_draft(a, target)
-    bench = specbench.parse_args([
-        "--target", target, "--draft", str(draft), "--questions", a.questions,
-        "--num-questions", str(a.num_questions), "--max-turns", str(a.max_turns),
-        "--max-new-tokens", str(a.max_new_tokens), "--methods", a.methods, "--threads", str(a.threads),
-        "--out", str(a.out)])
-    summary, _, paths = specbench.run(bench)
+    summary, _, paths = specbench.run(specbench.parse_args(bench_argv(a, target, draft)))
     print(f"\n{a.model}, draft {draft}, {a.num_questions} MT-bench questions x {a.max_turns} turn(s), "
           f"{a.max_new_tokens} new tokens, greedy:\n")
     print(overall_table(summary))

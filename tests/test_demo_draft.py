@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from nanospec import demo
+from nanospec.bench import specbench
 from tests.support.tiny_models import make_tiny_llama
 
 
@@ -124,3 +125,10 @@ def test_truncated_missing_or_foreign_draft_is_refused_naming_the_file(target, d
     weights.unlink()
     with pytest.raises(SystemExit, match="model.safetensors not found"):
         demo.pick_draft(a, str(target))
+
+
+def test_draft_tree_settings_reach_the_harness(target, data, tmp_path):
+    a = args_for(target, data, tmp_path, "--spec-steps", "4", "--spec-topk", "4", "--spec-draft-tokens", "8",
+                 "--questions", str(data))
+    bench = specbench.parse_args(demo.bench_argv(a, str(target), tmp_path / "draft"))
+    assert (bench.spec_steps, bench.spec_topk, bench.spec_draft_tokens) == (4, 4, 8)

@@ -7,11 +7,14 @@ allocation.py, decode/extend attention), one request and one node at a time.
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from nanospec.cpu import ops_attention, ops_memory, ops_spec
+from nanospec.cpu import ops_attention, ops_layers, ops_memory, ops_spec
 
 # ---------------------------------------------------------------------------------------------------
 # EAGLE draft trees as SGLang builds them (select_top_k_tokens + organize_draft_results).
@@ -335,6 +338,58 @@ def test_decode_attention_matches_reference(bs, window, cap, use_sink):
         torch.testing.assert_close(o[b].double(), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("seq_len,want_threads", [(31, 1), (ops_attention.ONE_THREAD_WORK // (4 * 8), 2)])
+def test_small_attention_runs_on_one_thread_and_restores_the_count(monkeypatch, seq_len, want_threads):
+    # One request's decode or verify is too small for two threads to pay off inside a server (docs/cpu.md);
+    # a long prefill keeps them, and the caller's thread count is back afterwards.
+    H, D = 4, 8
+    seen = []
+    real = ops_attention._attend
+    monkeypatch.setattr(ops_attention, "_attend", lambda *a: seen.append(torch.get_num_threads()) or real(*a))
+    g, kc, vc, r2t, rpi = _kv_setup(1, None)
+    seq = torch.tensor([seq_len])
+    r2t = torch.zeros(1, seq_len, dtype=torch.int32)  # every position reads slot 0 (only the count matters)
+    q = torch.randn(1, H, D, generator=g)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        o = torch.empty(1, H, D)
+        ops_attention.decode_attention_cpu(q, kc, vc, 1.0, 1.0, o, None, None, seq - 1, None, r2t,
+                                           torch.zeros(1, dtype=torch.long), seq, 0.3, 0.0)
+        q_ext = torch.randn(4, H, D, generator=g)
+        ops_attention.extend_attention_cpu(q_ext, None, None, torch.empty(4, H, D), kc, vc, 1.0, 1.0, r2t,
+                                           torch.zeros(1, dtype=torch.long), seq, torch.tensor([4]),
+                                           torch.tensor([0]), 4, 0.3, 0.0)
+        assert seen == [want_threads, want_threads] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_layers_switch_sglang_takes_the_general_attention_path_on_all_threads(monkeypatch):
+    monkeypatch.setattr(ops_attention, "FAST_PATHS", False)
+    monkeypatch.setattr(ops_attention, "_extend_one", lambda *a: pytest.fail("one-request path taken"))
+    seen = []
+    real = ops_attention._attend
+    monkeypatch.setattr(ops_attention, "_attend", lambda *a: seen.append(torch.get_num_threads()) or real(*a))
+    H, D = 4, 8
+    g, kc, vc, r2t, rpi = _kv_setup(1, None)
+    seq = torch.tensor([20])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        q_ext = torch.randn(4, H, D, generator=g)
+        o = torch.empty(4, H, D)
+        ops_attention.extend_attention_cpu(q_ext, None, None, o, kc, vc, 1.0, 1.0, r2t, rpi, seq,
+                                           torch.tensor([4]), torch.tensor([0]), 4, 0.3, 0.0)
+        assert seen == [2]
+    finally:
+        torch.set_num_threads(before)
+    code = "from nanospec.cpu import ops_attention as a; print(a.FAST_PATHS)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, ops_layers.ENV: "sglang"}, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
 def _tree_masks(ext, gen):
     """Random ancestor-style masks per request (diagonal set) in both layouts' extend blocks."""
     return [torch.tril(torch.rand(e, e, generator=gen) < 0.5) | torch.eye(e, dtype=torch.bool) for e in ext]
@@ -390,6 +445,29 @@ def test_extend_attention_matches_reference(bs, mask_kind):
             slots = r2t[rpi[b], cols].long()
             want = ref_attention_row(q[start[b] + i], kc[slots], vc[slots], 0.25)
             torch.testing.assert_close(o[start[b] + i].double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bs", [1, 3])
+def test_extend_attention_uses_the_given_new_keys_not_the_cached_ones(bs):
+    H, Hkv, D = 4, 2, 8
+    g, kc, vc, r2t, rpi = _kv_setup(bs, None, seed=7 + bs)
+    ext = torch.full((bs,), 3)
+    seq = torch.randint(4, 20, (bs,), generator=g)
+    start = torch.cumsum(ext, 0) - ext
+    q = torch.randn(3 * bs, H, D, generator=g)
+    k_ext, v_ext = torch.randn(3 * bs, Hkv, D, generator=g), torch.randn(3 * bs, Hkv, D, generator=g)
+    outs = []
+    for cached in (True, False):
+        kc2, vc2 = kc.clone(), vc.clone()
+        for b in range(bs):
+            slots = r2t[rpi[b], seq[b] - 3 : seq[b]].long()
+            kc2[slots] = k_ext[3 * b : 3 * b + 3] if cached else 100.0  # stale cache entries
+            vc2[slots] = v_ext[3 * b : 3 * b + 3] if cached else -100.0
+        o = torch.zeros(3 * bs, H, D)
+        ops_attention.extend_attention_cpu(q, k_ext, v_ext, o, kc2, vc2, 1.0, 1.0, r2t, rpi, seq, ext, start,
+                                           3, 0.25, 0.0)
+        outs.append(o)
+    torch.testing.assert_close(outs[1], outs[0])
 
 
 def test_attention_softmax_is_stable_for_large_scores():

@@ -11,7 +11,37 @@ request's token positions to cache slots; ``H`` must be a multiple of ``Hkv`` (G
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
+
+from nanospec.cpu import ops_layers
+
+# The one-request paths and one-thread attention below are cuts of the decode and verify step; with
+# NANOSPEC_CPU_LAYERS=sglang every call takes the general padded path on all threads, as before them
+# (bench_verify's "old" path). Read once, when the fallback is loaded.
+FAST_PATHS = ops_layers.mode() == "fused"
+
+# Below this many multiply-adds (heads x queries x keys x head size) an attention call runs on one
+# thread. One request's decode or verify is ~0.1-1M: on two threads each of its parallel regions waits
+# for the second, and when other processes hold that core the wait is milliseconds (under load: 19-23 ms
+# a SmolLM2 decode call on two threads, 0.09 ms on one); on a quiet host the two are within noise
+# (docs/cpu.md). Linear layers, outside these calls, keep every thread.
+ONE_THREAD_WORK = 1 << 22
+
+
+@contextlib.contextmanager
+def _threads_for(work: int):
+    """Run the block on one thread when ``work`` (multiply-adds) is under ``ONE_THREAD_WORK``."""
+    n = torch.get_num_threads()
+    if n == 1 or work >= ONE_THREAD_WORK or not FAST_PATHS:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def _scores_to_probs(
@@ -71,6 +101,34 @@ def _attend(
     return out.reshape(B, H, Q, -1).permute(0, 2, 1, 3)
 
 
+def _extend_one(q, k_new, v_new, out, k_buffer, v_buffer, k_scale, v_scale, slots, sm_scale, logit_cap, sinks,
+                custom_mask, is_causal) -> None:
+    """``extend_attention_cpu`` for one request (a verify or a draft extend on CPU): ``q`` ``[E, H, Dk]``,
+    ``slots`` ``[L]`` its cache slots, the last ``E`` of them new. About a third of the general path's
+    ops: no padding, no per-token index tensors, the mask only when one is needed."""
+    E, L = q.shape[0], slots.shape[0]
+    P = L - E
+    keys, vals = k_buffer.index_select(0, slots), v_buffer.index_select(0, slots)  # [L, Hkv, D]
+    if k_new is not None and v_new is not None:  # the new tokens' K/V as given, not as cached
+        keys[P:] = k_new.to(keys.dtype)
+        vals[P:] = v_new.to(vals.dtype)
+    visible = None
+    if custom_mask is not None:
+        cm = custom_mask.reshape(-1)
+        if cm.numel() == E * E:  # QLEN_ONLY: the new keys' block; the prefix is visible
+            visible = torch.ones(E, L, dtype=torch.bool, device=q.device)
+            visible[:, P:] = cm.view(E, E)
+        elif cm.numel() == E * L:  # FULL_MASK: every column given
+            visible = cm.view(E, L).bool()
+        else:
+            raise ValueError(f"custom_mask has {cm.numel()} entries; expected ext*ext or ext*seq_len sums")
+    elif is_causal and E > 1:  # query i sees keys j <= P + i
+        visible = torch.ones(E, L, dtype=torch.bool, device=q.device).tril_(P)
+    mask = None if visible is None else visible[None]
+    o = _attend(q[None], keys[None], vals[None], mask, sm_scale, k_scale, v_scale, logit_cap, sinks)
+    out.copy_(o.reshape(out.shape))
+
+
 def decode_attention_cpu(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -103,7 +161,15 @@ def decode_attention_cpu(
     B = query.shape[0]
     if B == 0:
         return
-    if B == 1 and not (sliding_window_size and sliding_window_size > 0):
+    with _threads_for(B * query.shape[1] * int(seq_lens.max()) * query.shape[2]):
+        _decode(query, k_cache, v_cache, k_scale, v_scale, output, req_to_token, req_pool_indices, seq_lens,
+                sm_scale, logit_cap, sliding_window_size, sinks)
+
+
+def _decode(query, k_cache, v_cache, k_scale, v_scale, output, req_to_token, req_pool_indices, seq_lens,
+            sm_scale, logit_cap, sliding_window_size, sinks) -> None:
+    B = query.shape[0]
+    if FAST_PATHS and B == 1 and not (sliding_window_size and sliding_window_size > 0):
         # One request (the common CPU case): a view of its slots and no mask. Every op here is paid
         # once per layer and decode step, and Python dispatch is most of this op's cost.
         n = int(seq_lens[0])
@@ -164,6 +230,22 @@ def extend_attention_cpu(
     B = seq_lens.numel()
     N = q_extend.shape[0]
     if B == 0 or N == 0:
+        return
+    with _threads_for(N * int(seq_lens.max()) * q_extend.shape[1] * q_extend.shape[2]):
+        _extend(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, k_scale, v_scale, req_to_token,
+                req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc, sm_scale, logit_cap,
+                sliding_window_size, sinks, custom_mask, is_causal)
+
+
+def _extend(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, k_scale, v_scale, req_to_token,
+            req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc, sm_scale, logit_cap,
+            sliding_window_size, sinks, custom_mask, is_causal) -> None:
+    B = seq_lens.numel()
+    N = q_extend.shape[0]
+    if FAST_PATHS and B == 1 and not (sliding_window_size and sliding_window_size > 0):
+        _extend_one(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, k_scale, v_scale,
+                    req_to_token[int(req_pool_indices[0]), : int(seq_lens[0])], sm_scale, logit_cap, sinks,
+                    custom_mask, is_causal)
         return
     dev = q_extend.device
     seq = seq_lens.long()
