@@ -2,8 +2,9 @@
 
 The call sites are ``sglang/srt/layers/attention/intel_amx_backend.py`` (SGLang 0.5.23); semantics follow
 the Triton ``decode_attention.py`` / ``extend_attention.py`` kernels. Requests of different lengths are
-padded into one batch and masked, so there is no Python loop over requests or tokens. Scores and softmax
-run in float32 whatever the cache dtype, like the C++ kernels.
+padded into one batch and masked, so there is no Python loop over requests or tokens; one request (a CPU
+server's usual batch) takes shorter paths with the same results. Scores and softmax run in float32
+whatever the cache dtype, like the C++ kernels.
 
 Shapes: ``q`` ``[T, H, Dk]``; KV caches ``[pool, Hkv, Dk|Dv]``; ``req_to_token`` ``[rows, width]`` maps a
 request's token positions to cache slots; ``H`` must be a multiple of ``Hkv`` (GQA).
