@@ -84,14 +84,6 @@ def test_switch_restores_sglangs_own_norm_and_rotary():
     assert out["patched"] == [False, False]
 
 
-def test_unknown_layers_mode_is_an_error_naming_the_variable(monkeypatch):
-    monkeypatch.setenv(ops_layers.ENV, "fast")
-    with pytest.raises(ValueError, match="NANOSPEC_CPU_LAYERS"):
-        ops_layers.mode()
-    monkeypatch.setenv(ops_layers.ENV, " SGLang ")
-    assert ops_layers.mode() == "sglang"
-
-
 def test_rope_keeps_three_dimensional_inputs_and_refuses_other_dtypes():
     cache = torch.randn(16, 8)
     q, k = torch.randn(2, 4, 8), torch.randn(2, 2, 8)

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nanospec.cpu import ops_linear
+from nanospec.cpu import ops_layers, ops_linear
 
 
 class Layer(torch.nn.Module):
@@ -54,12 +54,19 @@ def test_only_float32_cpu_tensors_take_the_packed_path():
     assert not ops_linear.usable(torch.randn(2, 4), None)
 
 
-def test_unknown_backend_is_an_error_naming_the_variable(monkeypatch):
-    monkeypatch.setenv(ops_linear.ENV, "fast")
-    with pytest.raises(ValueError, match="NANOSPEC_CPU_LINEAR"):
-        ops_linear.mode()
-    monkeypatch.setenv(ops_linear.ENV, "MKL")
-    assert ops_linear.mode() == "mkl"
+@pytest.mark.parametrize("module,variable,spelled,value,default", [
+    (ops_linear, "NANOSPEC_CPU_LINEAR", "MKL", "mkl", "onednn"),
+    (ops_layers, "NANOSPEC_CPU_LAYERS", " SGLang ", "sglang", "fused"),
+])
+def test_unknown_cpu_switch_value_is_an_error_naming_the_variable(monkeypatch, module, variable, spelled,
+                                                                    value, default):
+    monkeypatch.setenv(module.ENV, "fast")
+    with pytest.raises(ValueError, match=variable):
+        module.mode()
+    monkeypatch.setenv(module.ENV, spelled)
+    assert module.mode() == value
+    monkeypatch.delenv(module.ENV)
+    assert module.mode() == default
 
 
 def _sglang_paths(env: dict) -> str:

@@ -12,9 +12,9 @@ of dispatch on a one-row tensor: SmolLM2-135M's 61 norms and 30 rotary calls cos
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from nanospec.cpu import switch
 
 ENV = "NANOSPEC_CPU_LAYERS"
 MODES = ("fused", "sglang")
@@ -22,10 +22,7 @@ MODES = ("fused", "sglang")
 
 def mode() -> str:
     """The norm/rotary path chosen by ``NANOSPEC_CPU_LAYERS``; an unknown value is an error."""
-    value = os.environ.get(ENV, "fused").strip().lower()
-    if value not in MODES:
-        raise ValueError(f"{ENV} must be one of {MODES}, got {value!r}")
-    return value
+    return switch.choice(ENV, MODES)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,

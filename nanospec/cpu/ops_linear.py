@@ -12,9 +12,9 @@ like before; only the summation order differs (a few ulp).
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from nanospec.cpu import switch
 
 ENV = "NANOSPEC_CPU_LINEAR"
 MODES = ("onednn", "mkl")
@@ -25,10 +25,7 @@ _CACHE = "_nanospec_onednn_weight"
 
 def mode() -> str:
     """The linear back end chosen by ``NANOSPEC_CPU_LINEAR``; an unknown value is an error."""
-    value = os.environ.get(ENV, "onednn").strip().lower()
-    if value not in MODES:
-        raise ValueError(f"{ENV} must be one of {MODES}, got {value!r}")
-    return value
+    return switch.choice(ENV, MODES)
 
 
 # Most rows sent through oneDNN. oneDNN keeps a primitive (and its memory) for every row count it meets,
