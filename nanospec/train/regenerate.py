@@ -69,14 +69,15 @@ def done_sources(path: Path) -> set[int]:
     """Record indices already answered in `path` (a cut last line, from a killed run, is dropped)."""
     if not path.exists():
         return set()
-    done, lines = set(), path.read_text().splitlines()
+    text = path.read_text()
+    done, lines = set(), text.splitlines()
     for n, line in enumerate(lines):
         try:
             done.add(int(json.loads(line)["source"]))
         except (ValueError, KeyError, TypeError):
             if n != len(lines) - 1:
                 raise ValueError(f"{path}: line {n + 1} is not a regenerated record") from None
-    if lines and not path.read_text().endswith("\n"):  # the cut line is rewritten
+    if lines and not text.endswith("\n"):  # the cut line is rewritten
         path.write_text("\n".join(lines[:-1]) + ("\n" if len(lines) > 1 else ""))
     return done
 
