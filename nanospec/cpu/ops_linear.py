@@ -7,17 +7,23 @@ blocked layout runs 1 to 16 rows near the memory-bound time of reading the weigh
 there). Only products of at most ``MAX_ROWS`` rows take this path (below). Outputs are float32
 like before; only the summation order differs (a few ulp).
 
-``NANOSPEC_CPU_LINEAR``: ``onednn`` (default) or ``mkl`` (PyTorch's ``F.linear``, the old path).
+One-row products (a decode step, a draft step, the last position's logits) go to NanoSpec's own kernel
+(nanospec/cpu/gemv.py), which reads the weight faster than oneDNN does, where it can be built.
+
+``NANOSPEC_CPU_LINEAR``: ``gemv`` (default: one row through gemv.py, 2 to ``MAX_ROWS`` rows through
+oneDNN), ``onednn`` (oneDNN from 1 row) or ``mkl`` (PyTorch's ``F.linear``, the old path).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from nanospec.cpu import switch
+from nanospec.cpu import gemv, switch
 
 ENV = "NANOSPEC_CPU_LINEAR"
-MODES = ("onednn", "mkl")
+MODES = ("gemv", "onednn", "mkl")
 # Row count oneDNN picks its weight layout for; 4 was fastest from 1 to 16 rows (docs/cpu.md).
 ROWS_HINT = 4
 _CACHE = "_nanospec_onednn_weight"
@@ -26,6 +32,12 @@ _CACHE = "_nanospec_onednn_weight"
 def mode() -> str:
     """The linear back end chosen by ``NANOSPEC_CPU_LINEAR``; an unknown value is an error."""
     return switch.choice(ENV, MODES)
+
+
+@functools.cache
+def gemv_on() -> bool:
+    """Whether one-row products go to gemv.py: chosen (``gemv``) and usable on this host."""
+    return mode() == "gemv" and gemv.available()
 
 
 # Most rows sent through oneDNN. oneDNN keeps a primitive (and its memory) for every row count it meets,
@@ -54,12 +66,16 @@ def packed_weight(owner: object, weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear(owner: object, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., K] float32 @ weight [N, K].T (+ bias [N]) -> [..., N] float32, through the prepacked
-    copy of ``weight`` kept on ``owner`` for at most ``MAX_ROWS`` rows, through ``F.linear`` above."""
+    """x [..., K] float32 @ weight [N, K].T (+ bias [N]) -> [..., N] float32: one row through gemv.py
+    (``gemv_on()``), up to ``MAX_ROWS`` rows through the prepacked copy of ``weight`` kept on ``owner``,
+    more through ``F.linear``."""
     if x.numel() > MAX_ROWS * x.shape[-1]:  # before the copy below: a prefill need not pay for it
         return torch.nn.functional.linear(x, weight, bias)
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     if rows.shape[0] == 0:
         return x.new_empty(*x.shape[:-1], weight.shape[0])
+    if (rows.shape[0] == 1 and gemv_on() and weight.is_contiguous()
+            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))):
+        return gemv.gemv(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
     out = torch.ops.mkldnn._linear_pointwise(rows, packed_weight(owner, weight), bias, "none", [], "")
     return out.view(*x.shape[:-1], weight.shape[0])

@@ -109,16 +109,17 @@ def _fix_unquant(mod) -> None:
     ``F.linear`` on CPUs without AMX (its ``weight_packed_linear`` path needs AMX), which is MKL's
     slow small-M GEMM in float32. Run float32 layers through oneDNN with the weight prepacked once
     (nanospec/cpu/ops_linear.py). Not a defect, a CPU cost cut; ``NANOSPEC_CPU_LINEAR=mkl`` keeps SGLang's."""
-    from nanospec.cpu import ops_linear
+    from nanospec.cpu import ops_linear, profiling
 
-    if ops_linear.mode() != "onednn":
+    if ops_linear.mode() == "mkl":
         return
     cls = mod.UnquantizedLinearMethod
     original = cls.apply
+    linear = profiling.timed("op:linear", ops_linear.linear)
 
     def apply(self, layer, x, bias=None):
         if not getattr(layer, "use_intel_amx_backend", False) and ops_linear.usable(x, layer.weight):
-            return ops_linear.linear(layer, x, layer.weight, bias)
+            return linear(layer, x, layer.weight, bias)
         return original(self, layer, x, bias)
 
     _install(cls, "apply", apply)
@@ -129,12 +130,13 @@ def _fix_logits_processor(mod) -> None:
     plain LM head with ``torch.matmul`` on CPUs without AMX: 95 ms for 4 rows of Qwen2.5's 151,936 x 896
     head in float32, against 19 ms through oneDNN with the weight prepacked (nanospec/cpu/ops_linear.py).
     Same switch as ``_fix_unquant``; LoRA, quantised and biased heads keep SGLang's path."""
-    from nanospec.cpu import ops_linear
+    from nanospec.cpu import ops_linear, profiling
 
-    if ops_linear.mode() != "onednn":
+    if ops_linear.mode() == "mkl":
         return
     cls = mod.LogitsProcessor
     original = cls._compute_lm_head
+    linear = profiling.timed("op:lm_head", ops_linear.linear)
 
     def _compute_lm_head(self, hidden_states, lm_head, embedding_bias=None, *, out=None):
         weight = getattr(lm_head, "weight", None)
@@ -143,7 +145,7 @@ def _fix_logits_processor(mod) -> None:
                 and not getattr(lm_head, "use_intel_amx_backend", False)
                 and getattr(self, "rl_on_policy_target", None) is None
                 and ops_linear.usable(hidden_states, weight)):
-            return ops_linear.linear(lm_head, hidden_states, weight, None)
+            return linear(lm_head, hidden_states, weight, None)
         return original(self, hidden_states, lm_head, embedding_bias, out=out)
 
     _install(cls, "_compute_lm_head", _compute_lm_head)
@@ -159,12 +161,13 @@ def _fix_layernorm(mod) -> None:
     reachable as ``forward_native.__nanospec_original__`` (``_install``)."""
     import torch
 
-    from nanospec.cpu import ops_layers
+    from nanospec.cpu import ops_layers, profiling
 
     if ops_layers.mode() != "fused":
         return
     cls = mod.RMSNorm
     original = cls.forward_native
+    rms_norm = profiling.timed("op:rms_norm", ops_layers.rms_norm)
 
     def forward_native(self, x, residual=None, post_residual_addition=None, quant_linear=None):
         weight = self.weight
@@ -173,7 +176,7 @@ def _fix_layernorm(mod) -> None:
                 and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
                 and x.shape[-1] == self.hidden_size
                 and (residual is None or residual.dtype == torch.float32)):
-            return ops_layers.rms_norm(x, weight.data, self.variance_epsilon, residual)
+            return rms_norm(x, weight.data, self.variance_epsilon, residual)
         return original(self, x, residual, post_residual_addition, quant_linear)
 
     _install(cls, "forward_native", forward_native)
@@ -185,19 +188,20 @@ def _fix_rotary(mod) -> None:
     each. Rotate both as one tensor (nanospec/cpu/ops_layers.py), bitwise the same, for float32 CPU
     tensors; subclasses with their own ``forward_native`` keep theirs. Same switch and oracle as
     ``_fix_layernorm``."""
-    from nanospec.cpu import ops_layers
+    from nanospec.cpu import ops_layers, profiling
 
     if ops_layers.mode() != "fused":
         return
     cls = mod.RotaryEmbedding
     original = cls.forward_native
+    rope = profiling.timed("op:rope", ops_layers.rope)
 
     def forward_native(self, positions, query, key, offsets=None, fused_set_kv_buffer_arg=None):
         if (fused_set_kv_buffer_arg is None and not hasattr(self, "sin_cos_cache")
                 and ops_layers.rope_usable(query, key, self.cos_sin_cache, self.head_size, self.rotary_dim)):
             if offsets is not None:
                 positions = positions + offsets
-            return ops_layers.rope(positions, query, key, self.cos_sin_cache, self.head_size,
+            return rope(positions, query, key, self.cos_sin_cache, self.head_size,
                                    self.rotary_dim, self.is_neox_style)
         return original(self, positions, query, key, offsets, fused_set_kv_buffer_arg)
 

@@ -1,0 +1,112 @@
+"""One-row float32 linear layers on CPU through a small AVX2 kernel (gemv.c), compiled on first use.
+
+A decode step multiplies one row by every weight: it is bound by reading the weights once. On this
+project's CPU (AMD EPYC, two cores) reading memory runs at about 35 GB/s, oneDNN's one-row product on a
+prepacked weight at 17-27 GB/s and MKL's ``F.linear`` at about 12; gemv.c reads 25-36 GB/s on the same
+matrices (docs/cpu.md). Products of 2 or more rows stay with oneDNN (nanospec/cpu/ops_linear.py), whose
+blocked kernels are as fast or faster there.
+
+The kernel is C compiled with the system compiler (``$CC``, else ``cc``) the first time a process needs it,
+into ``$NANOSPEC_KERNEL_CACHE`` (default ``~/.cache/nanospec/kernels``), keyed by the source, the flags
+and the compiler; a later process loads the cached library (Triton, a NanoSpec dependency, also builds its
+launchers with the system C compiler). It is used only where it can be right and fast: a Linux x86-64 CPU
+with AVX2 and FMA, a compiler that builds it, and one OpenMP runtime in the process after loading it (its
+``libgomp.so.1`` is PyTorch's, so both share one thread pool and ``torch.set_num_threads``). Otherwise
+``available()`` is false, the reason is logged once, and callers keep oneDNN.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("gemv.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+CACHE_ENV = "NANOSPEC_KERNEL_CACHE"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _openmp_runtimes() -> set[str]:
+    """Paths of the OpenMP runtimes mapped into this process."""
+    names = ("libgomp", "libiomp", "libomp")
+    with open("/proc/self/maps") as f:
+        return {line.split()[-1] for line in f if any(n in line.rsplit("/", 1)[-1] for n in names)}
+
+
+def _build(cc: str) -> Path:
+    """The compiled library for this source, flags and compiler, built now if not in the cache."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60, check=True).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, version]).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "nanospec" / "kernels")
+    path = cache / f"gemv-{key}.so"
+    if path.exists():
+        return path
+    cache.mkdir(parents=True, exist_ok=True)
+    # A private name, then an atomic rename: processes building at once each install a whole file.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
+    os.close(fd)
+    try:
+        out = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True,
+                             timeout=300)
+        if out.returncode != 0:
+            raise RuntimeError(f"{cc} failed on {SOURCE}: {out.stderr.strip()[-2000:]}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel, or None (reason logged once) where it cannot be used."""
+    if platform.system() != "Linux" or platform.machine() != "x86_64" or not {"avx2", "fma"} <= _cpu_flags():
+        log.info("NanoSpec gemv kernel off: needs Linux on an x86-64 CPU with AVX2 and FMA")
+        return None
+    before = _openmp_runtimes()
+    try:
+        lib = ctypes.CDLL(str(_build(os.environ.get("CC") or "cc")))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        log.warning("NanoSpec gemv kernel off, one-row linear layers use oneDNN: %s", e)
+        return None
+    if len(_openmp_runtimes()) > 1:
+        log.warning("NanoSpec gemv kernel off: it brought a second OpenMP runtime next to %s", sorted(before))
+        return None
+    lib.nanospec_gemv.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 2
+    lib.nanospec_gemv.restype = None
+    return lib
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [1, K] float32 @ weight [N, K].T (+ bias [N]) -> [1, N] float32; every tensor contiguous on
+    the CPU (the caller checks; ``available()`` must be true)."""
+    n, k = weight.shape
+    out = torch.empty(1, n, dtype=torch.float32)
+    library().nanospec_gemv(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
+                            out.data_ptr(), n, k)
+    return out
