@@ -107,8 +107,9 @@ def _fix_intel_amx_backend(mod) -> None:
 def _fix_unquant(mod) -> None:
     """sglang/srt/layers/quantization/unquant.py (0.5.23): ``UnquantizedLinearMethod.apply`` runs
     ``F.linear`` on CPUs without AMX (its ``weight_packed_linear`` path needs AMX), which is MKL's
-    slow small-M GEMM in float32. Run float32 layers through oneDNN with the weight prepacked once
-    (nanospec/cpu/ops_linear.py). Not a defect, a CPU cost cut; ``NANOSPEC_CPU_LINEAR=mkl`` keeps SGLang's."""
+    slow small-M GEMM in float32. Run float32 layers of one row through NanoSpec's kernel (gemv.py) and of
+    2-16 rows through oneDNN with the weight prepacked once (nanospec/cpu/ops_linear.py). Not a defect, a
+    CPU cost cut; ``NANOSPEC_CPU_LINEAR=mkl`` keeps SGLang's."""
     from nanospec.cpu import ops_linear, profiling
 
     if ops_linear.mode() == "mkl":
@@ -128,7 +129,8 @@ def _fix_unquant(mod) -> None:
 def _fix_logits_processor(mod) -> None:
     """sglang/srt/layers/logits_processor.py (0.5.23): ``LogitsProcessor._compute_lm_head`` multiplies a
     plain LM head with ``torch.matmul`` on CPUs without AMX: 95 ms for 4 rows of Qwen2.5's 151,936 x 896
-    head in float32, against 19 ms through oneDNN with the weight prepacked (nanospec/cpu/ops_linear.py).
+    head in float32, against 19 ms through oneDNN with the weight prepacked (nanospec/cpu/ops_linear.py;
+    one row through gemv.py).
     Same switch as ``_fix_unquant``; LoRA, quantised and biased heads keep SGLang's path."""
     from nanospec.cpu import ops_linear, profiling
 
