@@ -22,6 +22,16 @@ class Layer(torch.nn.Module):
 
 
 @pytest.fixture
+def gemv_chosen(monkeypatch):
+    """``NANOSPEC_CPU_LINEAR=gemv`` (the kernel is opt-in)."""
+    monkeypatch.setenv(ops_linear.ENV, "gemv")
+    ops_linear.gemv_on.cache_clear()
+    yield
+    monkeypatch.undo()
+    ops_linear.gemv_on.cache_clear()
+
+
+@pytest.fixture
 def fresh_kernel(monkeypatch, tmp_path):
     """An empty kernel cache and no loaded kernel; the real one is loaded again afterwards."""
     monkeypatch.setenv(gemv.CACHE_ENV, str(tmp_path))
@@ -63,7 +73,7 @@ def test_gemv_sums_each_output_in_the_same_order_on_one_and_two_threads():
 
 
 @needs_kernel
-def test_one_row_goes_to_gemv_and_more_rows_to_onednn(monkeypatch):
+def test_one_row_goes_to_gemv_and_more_rows_to_onednn(monkeypatch, gemv_chosen):
     calls = []
     real = gemv.gemv
     monkeypatch.setattr(gemv, "gemv", lambda *a: calls.append(a[0].shape) or real(*a))
@@ -84,8 +94,11 @@ def test_one_row_goes_to_gemv_and_more_rows_to_onednn(monkeypatch):
 
 
 @needs_kernel
-def test_onednn_switch_keeps_single_rows_on_onednn(monkeypatch, fresh_kernel):
+def test_single_rows_stay_on_onednn_unless_gemv_is_chosen(monkeypatch, fresh_kernel):
+    monkeypatch.delenv(ops_linear.ENV, raising=False)
+    assert not ops_linear.gemv_on()
     monkeypatch.setenv(ops_linear.ENV, "onednn")
+    ops_linear.gemv_on.cache_clear()
     assert not ops_linear.gemv_on()
     monkeypatch.setenv(ops_linear.ENV, "gemv")
     ops_linear.gemv_on.cache_clear()
@@ -109,7 +122,8 @@ def test_kernel_uses_pytorchs_openmp_runtime():
     assert len(gemv._openmp_runtimes()) == 1
 
 
-def test_a_compiler_that_fails_turns_the_kernel_off_with_the_reason_logged(monkeypatch, fresh_kernel, caplog):
+def test_a_compiler_that_fails_turns_the_kernel_off_with_the_reason_logged(
+        monkeypatch, gemv_chosen, fresh_kernel, caplog):
     (fresh_kernel / "cc").write_text("#!/bin/sh\n[ \"$1\" = --version ] && exit 0\necho 'no such flag' >&2\n"
                                      "exit 1\n")
     (fresh_kernel / "cc").chmod(0o755)

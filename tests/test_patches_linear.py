@@ -55,7 +55,7 @@ def test_only_float32_cpu_tensors_take_the_packed_path():
 
 
 @pytest.mark.parametrize("module,variable,spelled,value,default", [
-    (ops_linear, "NANOSPEC_CPU_LINEAR", "MKL", "mkl", "gemv"),
+    (ops_linear, "NANOSPEC_CPU_LINEAR", "MKL", "mkl", "onednn"),
     (ops_layers, "NANOSPEC_CPU_LAYERS", " SGLang ", "sglang", "fused"),
 ])
 def test_unknown_cpu_switch_value_is_an_error_naming_the_variable(monkeypatch, module, variable, spelled,

@@ -7,11 +7,11 @@ blocked layout runs 1 to 16 rows near the memory-bound time of reading the weigh
 there). Only products of at most ``MAX_ROWS`` rows take this path (below). Outputs are float32
 like before; only the summation order differs (a few ulp).
 
-One-row products (a decode step, a draft step, the last position's logits) go to NanoSpec's own kernel
-(nanospec/cpu/gemv.py), which reads the weight faster than oneDNN does, where it can be built.
-
-``NANOSPEC_CPU_LINEAR``: ``gemv`` (default: one row through gemv.py, 2 to ``MAX_ROWS`` rows through
-oneDNN), ``onednn`` (oneDNN from 1 row) or ``mkl`` (PyTorch's ``F.linear``, the old path).
+``NANOSPEC_CPU_LINEAR``: ``onednn`` (default), ``gemv`` (one-row products, i.e. decode and draft steps,
+through NanoSpec's own kernel, nanospec/cpu/gemv.py, which reads the weight faster; 2 to ``MAX_ROWS``
+rows through oneDNN) or ``mkl`` (PyTorch's ``F.linear``, the old path). ``gemv`` is opt-in: a decode
+step and a verify then sum the same logits in different orders, and at an exact tie (penalties can make
+one) a speculative method can pick another token than plain decoding (docs/cpu.md).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from nanospec.cpu import gemv, switch
 
 ENV = "NANOSPEC_CPU_LINEAR"
-MODES = ("gemv", "onednn", "mkl")
+MODES = ("onednn", "gemv", "mkl")
 # Row count oneDNN picks its weight layout for; 4 was fastest from 1 to 16 rows (docs/cpu.md).
 ROWS_HINT = 4
 _CACHE = "_nanospec_onednn_weight"
