@@ -3,9 +3,9 @@
 PyTorch's ``F.linear`` in float32 goes to MKL, whose small-M GEMM is slow on this project's CPUs:
 a [4, 896] x [896, 9728] product (a Qwen2.5-0.5B MLP matrix) took 5.3 ms against 2.6 ms for one
 row, so verifying 4 draft tokens cost about two decode steps. oneDNN on a weight reordered into its
-blocked layout runs 1 to 16 rows near the memory-bound time of reading the weight once (1.2-1.4 ms
-there). Only products of at most ``MAX_ROWS`` rows take this path (below). Outputs are float32
-like before; only the summation order differs (a few ulp).
+blocked layout runs 1 to 16 rows in about the time of one (1.2-1.4 ms there; 17-27 GB/s of weight
+read, where this host reads memory at about 35). Only products of at most ``MAX_ROWS`` rows take
+this path (below). Outputs are float32 like before; only the summation order differs (a few ulp).
 
 ``NANOSPEC_CPU_LINEAR``: ``onednn`` (default), ``gemv`` (one-row products, i.e. decode and draft steps,
 through NanoSpec's own kernel, nanospec/cpu/gemv.py, which reads the weight faster; 2 to ``MAX_ROWS``

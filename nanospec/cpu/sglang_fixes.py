@@ -204,7 +204,7 @@ def _fix_rotary(mod) -> None:
             if offsets is not None:
                 positions = positions + offsets
             return rope(positions, query, key, self.cos_sin_cache, self.head_size,
-                                   self.rotary_dim, self.is_neox_style)
+                        self.rotary_dim, self.is_neox_style)
         return original(self, positions, query, key, offsets, fused_set_kv_buffer_arg)
 
     _install(cls, "forward_native", forward_native)
