@@ -1,5 +1,6 @@
-"""One-row float32 linear layers through NanoSpec's AVX2 kernel (nanospec/cpu/gemv.py, gemv.c): results,
-the dispatch in nanospec/cpu/ops_linear.py, and how the kernel is built, cached and refused."""
+"""Few-row float32 linear layers through NanoSpec's AVX2/AVX-512 kernel (nanospec/cpu/gemv.py, gemv.c):
+results, the same bits for a row whatever the row count, the dispatch in nanospec/cpu/ops_linear.py, and
+how the kernel is built, cached and refused."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class Layer(torch.nn.Module):
 
 @pytest.fixture
 def gemv_chosen(monkeypatch):
-    """``NANOSPEC_CPU_LINEAR=gemv`` (the kernel is opt-in)."""
+    """``NANOSPEC_CPU_LINEAR=gemv`` set explicitly (it is also the default)."""
     monkeypatch.setenv(ops_linear.ENV, "gemv")
     ops_linear.gemv_on.cache_clear()
     yield
@@ -43,66 +44,144 @@ def fresh_kernel(monkeypatch, tmp_path):
     ops_linear.gemv_on.cache_clear()
 
 
+@pytest.fixture(params=["host", "avx2"])
+def build(request, monkeypatch, tmp_path):
+    """The kernel as built for this CPU (AVX-512 where it has it), then the AVX2 build."""
+    if request.param == "avx2":
+        monkeypatch.setattr(gemv, "flags", lambda: gemv.FLAGS)
+        monkeypatch.setenv(gemv.CACHE_ENV, str(tmp_path))
+        gemv.library.cache_clear()
+    yield request.param
+    monkeypatch.undo()
+    gemv.library.cache_clear()
+
+
 @needs_kernel
 @pytest.mark.parametrize("n,k", [(1, 1), (7, 13), (200, 96), (1030, 577), (64, 4864)])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 6, 8, 16])
 @pytest.mark.parametrize("bias", [False, True])
-def test_gemv_equals_a_float64_product(n, k, bias):
-    torch.manual_seed(n * k)
-    layer, x = Layer(n, k, bias), torch.randn(1, k)
-    got = gemv.gemv(x, layer.weight, layer.bias)
+def test_kernel_equals_a_float64_product(build, m, n, k, bias):
+    torch.manual_seed(n * k + m)
+    layer, x = Layer(n, k, bias), torch.randn(m, k)
+    got = gemv.linear(x, layer.weight, layer.bias)
     want = F.linear(x.double(), layer.weight.double(), None if layer.bias is None else layer.bias.double())
-    assert got.shape == (1, n) and got.dtype == torch.float32
+    assert got.shape == (m, n) and got.dtype == torch.float32
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
 @needs_kernel
-def test_gemv_sums_each_output_in_the_same_order_on_one_and_two_threads():
+def test_kernel_gives_a_row_the_same_bits_alone_among_other_rows_and_on_any_thread_count(build):
+    """A decode step (one row) and a verify (several) must agree bit for bit, or an exact tie between two
+    logits could make a speculative method pick another token than plain decoding."""
     torch.manual_seed(0)
-    w, x = torch.randn(1001, 900), torch.randn(1, 900)
+    w, x = torch.randn(1001, 900), torch.randn(16, 900)
+    alone = torch.cat([gemv.linear(x[i:i + 1], w, None) for i in range(16)])
+    for m in range(2, 17):
+        assert torch.equal(gemv.linear(x[:m], w, None), alone[:m]), m
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = gemv.gemv(x, w, None)
+        one = gemv.linear(x[:7], w, None)
         torch.set_num_threads(2)
-        two = gemv.gemv(x, w, None)
+        two = gemv.linear(x[:7], w, None)
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(one, two)
-    # and the same row in a smaller matrix (the sum of a row does not depend on N)
-    assert torch.equal(gemv.gemv(x, w[500:503].contiguous(), None), one[:, 500:503])
+    assert torch.equal(one, two) and torch.equal(one, alone[:7])
+    # and the same output in a smaller matrix (the sum of a row does not depend on N)
+    assert torch.equal(gemv.linear(x[:3], w[500:503].contiguous(), None), alone[:3, 500:503])
 
 
 @needs_kernel
-def test_one_row_goes_to_gemv_and_more_rows_to_onednn(monkeypatch, gemv_chosen):
+def test_decode_and_verify_shaped_products_agree_bit_for_bit_through_ops_linear(gemv_chosen):
+    torch.manual_seed(1)
+    layer, x = Layer(4096, 576, True), torch.randn(8, 576)
+    verify = ops_linear.linear(layer, x.view(1, 8, 576), layer.weight, layer.bias)[0]
+    for i in range(8):
+        assert torch.equal(ops_linear.linear(layer, x[i:i + 1], layer.weight, layer.bias), verify[i:i + 1])
+
+
+@needs_kernel
+def test_up_to_max_rows_go_to_the_kernel_and_more_rows_to_f_linear(monkeypatch, gemv_chosen):
     calls = []
-    real = gemv.gemv
-    monkeypatch.setattr(gemv, "gemv", lambda *a: calls.append(a[0].shape) or real(*a))
+    real = gemv.linear
+    monkeypatch.setattr(gemv, "linear", lambda *a: calls.append(a[0].shape) or real(*a))
     torch.manual_seed(0)
     layer = Layer(300, 64, True)
-    for shape in [(1, 64), (1, 1, 64), (4, 64)]:
+    big = ops_linear.MAX_ROWS + 1
+    for shape in [(1, 64), (1, 1, 64), (4, 64), (2, 8, 64), (big, 64)]:
         x = torch.randn(*shape)
         got = ops_linear.linear(layer, x, layer.weight, layer.bias)
         torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
         assert got.shape == (*shape[:-1], 300)
-    assert calls == [(1, 64), (1, 64)]
-    assert ops_linear._CACHE in layer.__dict__  # the 4-row product packed the weight for oneDNN
+    assert calls == [(1, 64), (1, 64), (4, 64), (16, 64)]
+    assert ops_linear._CACHE not in layer.__dict__  # no oneDNN copy of the weight was made
     # a weight that is not contiguous keeps oneDNN
     w_t, x = torch.randn(64, 300).t(), torch.randn(1, 64)
     torch.testing.assert_close(ops_linear.linear(Layer(1, 1, False), x, w_t, None), x @ w_t.T,
                                rtol=1e-5, atol=1e-5)
-    assert len(calls) == 2
+    assert len(calls) == 4
 
 
 @needs_kernel
-def test_single_rows_stay_on_onednn_unless_gemv_is_chosen(monkeypatch, fresh_kernel):
+def test_inside_a_decode_or_verify_pass_every_row_count_goes_to_the_kernel(monkeypatch, gemv_chosen):
+    calls = []
+    real = gemv.linear
+    monkeypatch.setattr(gemv, "linear", lambda *a: calls.append(a[0].shape) or real(*a))
+    torch.manual_seed(2)
+    layer, x = Layer(300, 64, True), torch.randn(48, 4, 64)  # 48 requests verifying 4 tokens each
+    ops_linear.linear(layer, x, layer.weight, layer.bias)
+    assert calls == []  # a prefill of 192 rows: F.linear
+    with ops_linear.decode_or_verify():
+        batch = ops_linear.linear(layer, x, layer.weight, layer.bias)
+    assert calls == [(192, 64)] and batch.shape == (48, 4, 300)
+    assert torch.equal(batch[5, 2:3], ops_linear.linear(layer, x[5, 2:3], layer.weight, layer.bias))
+
+
+def _fake_model_runner():
+    """A stand-in for sglang.srt.model_executor.model_runner whose forward reports whether it ran
+    inside ``ops_linear.decode_or_verify()``."""
+    from types import SimpleNamespace
+
+    class ModelRunner:
+        def forward(self, forward_batch):
+            return ops_linear._STEP.get()
+
+    return SimpleNamespace(ModelRunner=ModelRunner)
+
+
+def _batch(mode: str):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: mode == "decode",
+                                                        is_target_verify=lambda: mode == "verify"))
+
+
+@needs_kernel
+@pytest.mark.parametrize("linear_mode,marked", [("gemv", {"decode", "verify"}), ("onednn", set())])
+def test_model_runner_fix_marks_decode_and_verify_passes_only(monkeypatch, linear_mode, marked):
+    from nanospec.cpu import sglang_fixes
+
+    monkeypatch.setenv(ops_linear.ENV, linear_mode)
+    ops_linear.gemv_on.cache_clear()
+    mod = _fake_model_runner()
+    sglang_fixes._fix_model_runner(mod)
+    runner = mod.ModelRunner()
+    try:
+        assert {m for m in ("decode", "verify", "extend") if runner.forward(_batch(m))} == marked
+    finally:
+        monkeypatch.undo()
+        ops_linear.gemv_on.cache_clear()
+    assert not ops_linear._STEP.get()  # and nothing leaks out of the pass
+
+
+@needs_kernel
+def test_the_kernel_is_the_default_and_onednn_or_mkl_can_be_chosen(monkeypatch, fresh_kernel):
     monkeypatch.delenv(ops_linear.ENV, raising=False)
-    assert not ops_linear.gemv_on()
-    monkeypatch.setenv(ops_linear.ENV, "onednn")
-    ops_linear.gemv_on.cache_clear()
-    assert not ops_linear.gemv_on()
-    monkeypatch.setenv(ops_linear.ENV, "gemv")
-    ops_linear.gemv_on.cache_clear()
-    assert ops_linear.gemv_on()
+    assert ops_linear.mode() == "gemv" and ops_linear.gemv_on()
+    for other in ("onednn", "mkl"):
+        monkeypatch.setenv(ops_linear.ENV, other)
+        ops_linear.gemv_on.cache_clear()
+        assert not ops_linear.gemv_on()
 
 
 @needs_kernel
@@ -134,7 +213,7 @@ def test_a_compiler_that_fails_turns_the_kernel_off_with_the_reason_logged(
     assert "gemv kernel off" in caplog.text
     assert not list(fresh_kernel.glob("*.so"))  # nothing half-written left in the cache
     torch.manual_seed(0)
-    layer, x = Layer(50, 40, True), torch.randn(1, 40)  # and one row still gets the right answer
+    layer, x = Layer(50, 40, True), torch.randn(1, 40)  # and a row still gets the right answer
     torch.testing.assert_close(ops_linear.linear(layer, x, layer.weight, layer.bias),
                                F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
 

@@ -1,5 +1,6 @@
-"""Float32 linear layers through oneDNN with prepacked weights (nanospec/cpu/ops_linear.py) and the two
-SGLang fixes that route the CPU path's linear layers and LM head there."""
+"""Float32 linear layers through oneDNN with prepacked weights (nanospec/cpu/ops_linear.py,
+``NANOSPEC_CPU_LINEAR=onednn``; the default kernel is tests/test_patches_gemv.py's) and the two SGLang
+fixes that route the CPU path's linear layers and LM head there."""
 
 from __future__ import annotations
 
@@ -13,6 +14,15 @@ import torch
 import torch.nn.functional as F
 
 from nanospec.cpu import ops_layers, ops_linear
+
+
+@pytest.fixture(autouse=True)
+def onednn_chosen(monkeypatch):
+    monkeypatch.setenv(ops_linear.ENV, "onednn")  # also for the subprocesses below
+    ops_linear.gemv_on.cache_clear()
+    yield
+    monkeypatch.undo()
+    ops_linear.gemv_on.cache_clear()
 
 
 class Layer(torch.nn.Module):
@@ -55,7 +65,7 @@ def test_only_float32_cpu_tensors_take_the_packed_path():
 
 
 @pytest.mark.parametrize("module,variable,spelled,value,default", [
-    (ops_linear, "NANOSPEC_CPU_LINEAR", "MKL", "mkl", "onednn"),
+    (ops_linear, "NANOSPEC_CPU_LINEAR", "MKL", "mkl", "gemv"),
     (ops_layers, "NANOSPEC_CPU_LAYERS", " SGLang ", "sglang", "fused"),
 ])
 def test_unknown_cpu_switch_value_is_an_error_naming_the_variable(monkeypatch, module, variable, spelled,

@@ -8,9 +8,9 @@ Run with the NanoSpec environment (it builds random EAGLE-3 drafts with ``nanosp
 Paths (``--paths``): ``old`` is SGLang's own float32 CPU path (``NANOSPEC_CPU_LINEAR=mkl``: ``F.linear``
 and ``torch.matmul``; ``NANOSPEC_CPU_LAYERS=sglang``: its RMSNorm and rotary ``forward_native``, and
 the fallback's general padded attention on all threads), ``linear`` only the prepacked oneDNN linear
-layers (nanospec/cpu/ops_linear.py), ``new`` the defaults (also nanospec/cpu/ops_layers.py and the
-one-request attention paths of nanospec/cpu/ops_attention.py), ``gemv`` that and the opt-in one-row
-kernel (``NANOSPEC_CPU_LINEAR=gemv``, nanospec/cpu/gemv.py). For each model and each run (plain
+layers (nanospec/cpu/ops_linear.py), ``onednn`` that with nanospec/cpu/ops_layers.py and the
+one-request attention paths of nanospec/cpu/ops_attention.py (the defaults until session 6), ``new``
+the defaults (those, with linear layers on NanoSpec's kernel, nanospec/cpu/gemv.py). For each model and each run (plain
 decoding: the target's DECODE forward; EAGLE3 with a chain of 4 and of 8 draft tokens: the target's
 TARGET_VERIFY forward over 4 and 8 tokens) one real SGLang server per path is started in turn (an idle
 server keeps polling the CPU, so they never run side by side), ``--device cpu``, float32, ``--repeats``
@@ -37,8 +37,8 @@ from nanospec.testing import make_tiny_eagle3_draft
 PATHS = {
     "old": {ops_linear.ENV: "mkl", ops_layers.ENV: "sglang"},
     "linear": {ops_linear.ENV: "onednn", ops_layers.ENV: "sglang"},
-    "new": {ops_linear.ENV: "onednn", ops_layers.ENV: "fused"},
-    "gemv": {ops_linear.ENV: "gemv", ops_layers.ENV: "fused"},
+    "onednn": {ops_linear.ENV: "onednn", ops_layers.ENV: "fused"},
+    "new": {ops_linear.ENV: "gemv", ops_layers.ENV: "fused"},
 }
 # (label, extra server arguments, forward timed)
 RUNS = (

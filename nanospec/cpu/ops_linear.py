@@ -1,21 +1,25 @@
-"""Float32 linear layers on CPU through oneDNN, with each weight reordered ("prepacked") once.
+"""Float32 linear layers of few rows on CPU: NanoSpec's kernel (gemv.py) or oneDNN with each weight
+reordered ("prepacked") once, instead of MKL.
 
-PyTorch's ``F.linear`` in float32 goes to MKL, whose small-M GEMM is slow on this project's CPUs:
-a [4, 896] x [896, 9728] product (a Qwen2.5-0.5B MLP matrix) took 5.3 ms against 2.6 ms for one
-row, so verifying 4 draft tokens cost about two decode steps. oneDNN on a weight reordered into its
-blocked layout runs 1 to 16 rows in about the time of one (1.2-1.4 ms there; 17-27 GB/s of weight
-read, where this host reads memory at about 35). Only products of at most ``MAX_ROWS`` rows take
-this path (below). Outputs are float32 like before; only the summation order differs (a few ulp).
+PyTorch's ``F.linear`` in float32 goes to MKL, whose small-M GEMM was slow on the project's first CPU (an
+AVX2 AMD EPYC): a [4, 896] x [896, 9728] product (a Qwen2.5-0.5B MLP matrix) took 5.3 ms against 2.6 ms
+for one row, so verifying 4 draft tokens cost about two decode steps. Few-row products are bound by
+reading the weight; the kernel and oneDNN's blocked layout run 1 to 8 rows in not much more than the
+time of one (docs/cpu.md has the measurements on both CPUs). Outputs are float32 like before; only the
+summation order differs (a few ulp).
 
-``NANOSPEC_CPU_LINEAR``: ``onednn`` (default), ``gemv`` (one-row products, i.e. decode and draft steps,
-through NanoSpec's own kernel, nanospec/cpu/gemv.py, which reads the weight faster; 2 to ``MAX_ROWS``
-rows through oneDNN) or ``mkl`` (PyTorch's ``F.linear``, the old path). ``gemv`` is opt-in: a decode
-step and a verify then sum the same logits in different orders, and at an exact tie (penalties can make
-one) a speculative method can pick another token than plain decoding (docs/cpu.md).
+``NANOSPEC_CPU_LINEAR``: ``gemv`` (default: up to ``MAX_ROWS`` rows, and every row of a decode step or a
+target-verify, through NanoSpec's own kernel, nanospec/cpu/gemv.py, where it builds; else as ``onednn``),
+``onednn`` (up to ``MAX_ROWS`` rows through oneDNN) or ``mkl`` (PyTorch's ``F.linear``, the old path).
+The kernel sums each output in one order for any row count, so a verify gives the logits of the decode
+step bit for bit and an exact tie (penalties can make one) is broken the same way in both; with
+``onednn`` a batch of over ``MAX_ROWS`` rows goes to MKL, which sums in another order.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 
 import torch
@@ -23,7 +27,7 @@ import torch
 from nanospec.cpu import gemv, switch
 
 ENV = "NANOSPEC_CPU_LINEAR"
-MODES = ("onednn", "gemv", "mkl")
+MODES = ("gemv", "onednn", "mkl")
 # Row count oneDNN picks its weight layout for; 4 was fastest from 1 to 16 rows (docs/cpu.md).
 ROWS_HINT = 4
 _CACHE = "_nanospec_onednn_weight"
@@ -36,7 +40,7 @@ def mode() -> str:
 
 @functools.cache
 def gemv_on() -> bool:
-    """Whether one-row products go to gemv.py: chosen (``gemv``) and usable on this host."""
+    """Whether products of up to ``MAX_ROWS`` rows go to gemv.py: chosen (``gemv``) and usable here."""
     return mode() == "gemv" and gemv.available()
 
 
@@ -44,6 +48,22 @@ def gemv_on() -> bool:
 # about 0.5 MiB each per weight shape, and never frees them; prefills come in every size. Decode and
 # verify steps (1 to 16 rows per request batch) are where MKL is slow; larger products stay with MKL.
 MAX_ROWS = 16
+
+
+# True while a decode or target-verify forward runs (set by sglang_fixes around ModelRunner.forward): with
+# gemv.py on, every product in it takes the kernel whatever its row count (a batch of 48 requests verifies
+# 192 rows), so a verify sums each logit as the plain decode step of the same batch would.
+_STEP = contextvars.ContextVar("nanospec_decode_or_verify", default=False)
+
+
+@contextlib.contextmanager
+def decode_or_verify():
+    """Marks the forward pass run inside as a decode step or a target-verify (see ``_STEP``)."""
+    token = _STEP.set(True)
+    try:
+        yield
+    finally:
+        _STEP.reset(token)
 
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -66,16 +86,18 @@ def packed_weight(owner: object, weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear(owner: object, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., K] float32 @ weight [N, K].T (+ bias [N]) -> [..., N] float32: one row through gemv.py
-    (``gemv_on()``), up to ``MAX_ROWS`` rows through the prepacked copy of ``weight`` kept on ``owner``,
-    more through ``F.linear``."""
-    if x.numel() > MAX_ROWS * x.shape[-1]:  # before the copy below: a prefill need not pay for it
-        return torch.nn.functional.linear(x, weight, bias)
+    """x [..., K] float32 @ weight [N, K].T (+ bias [N]) -> [..., N] float32: up to ``MAX_ROWS`` rows
+    (any number inside ``decode_or_verify()``) through gemv.py where ``gemv_on()``, else up to
+    ``MAX_ROWS`` rows through the prepacked copy of ``weight`` kept on ``owner``; more through
+    ``F.linear``."""
+    kernel = gemv_on()
+    if x.numel() > MAX_ROWS * x.shape[-1] and not (kernel and _STEP.get()):
+        return torch.nn.functional.linear(x, weight, bias)  # before the copy below: prefills skip it
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     if rows.shape[0] == 0:
         return x.new_empty(*x.shape[:-1], weight.shape[0])
-    if (rows.shape[0] == 1 and gemv_on() and weight.is_contiguous()
+    if (kernel and weight.is_contiguous()
             and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))):
-        return gemv.gemv(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
+        return gemv.linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
     out = torch.ops.mkldnn._linear_pointwise(rows, packed_weight(owner, weight), bias, "none", [], "")
     return out.view(*x.shape[:-1], weight.shape[0])

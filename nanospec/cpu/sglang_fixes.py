@@ -106,10 +106,11 @@ def _fix_intel_amx_backend(mod) -> None:
 
 def _fix_unquant(mod) -> None:
     """sglang/srt/layers/quantization/unquant.py (0.5.23): ``UnquantizedLinearMethod.apply`` runs
-    ``F.linear`` on CPUs without AMX (its ``weight_packed_linear`` path needs AMX), which is MKL's
-    slow small-M GEMM in float32. Run float32 layers of one row through NanoSpec's kernel (gemv.py) and of
-    2-16 rows through oneDNN with the weight prepacked once (nanospec/cpu/ops_linear.py). Not a defect, a
-    CPU cost cut; ``NANOSPEC_CPU_LINEAR=mkl`` keeps SGLang's."""
+    ``F.linear`` when SGLang's AMX path (``weight_packed_linear``, from a source-built sgl_kernel) is
+    off, which is MKL's slow small-M GEMM in float32 on some CPUs. Run float32 layers of few rows
+    through NanoSpec's kernel (gemv.py) or oneDNN with the weight prepacked once
+    (nanospec/cpu/ops_linear.py). Not a defect, a CPU cost cut; ``NANOSPEC_CPU_LINEAR=mkl`` keeps
+    SGLang's."""
     from nanospec.cpu import ops_linear, profiling
 
     if ops_linear.mode() == "mkl":
@@ -128,9 +129,9 @@ def _fix_unquant(mod) -> None:
 
 def _fix_logits_processor(mod) -> None:
     """sglang/srt/layers/logits_processor.py (0.5.23): ``LogitsProcessor._compute_lm_head`` multiplies a
-    plain LM head with ``torch.matmul`` on CPUs without AMX: 95 ms for 4 rows of Qwen2.5's 151,936 x 896
-    head in float32, against 19 ms through oneDNN with the weight prepacked (nanospec/cpu/ops_linear.py;
-    one row through gemv.py).
+    plain LM head with ``torch.matmul`` without SGLang's AMX path: 95 ms for 4 rows of Qwen2.5's
+    151,936 x 896 head in float32 on the AVX2 EPYC, against 19 ms through oneDNN with the weight
+    prepacked (nanospec/cpu/ops_linear.py; or NanoSpec's kernel, gemv.py, the default).
     Same switch as ``_fix_unquant``; LoRA, quantised and biased heads keep SGLang's path."""
     from nanospec.cpu import ops_linear, profiling
 
@@ -225,6 +226,46 @@ def _fix_allocation(mod) -> None:
     _install(mod, "get_last_loc", get_last_loc)
 
 
+def _fix_model_runner(mod) -> None:
+    """sglang/srt/model_executor/model_runner.py (0.5.23) ``ModelRunner.forward``: run decode and
+    target-verify passes inside ``ops_linear.decode_or_verify()``, so that with gemv.py on their linear
+    layers all take the kernel (one summation order per output whatever the row count) and a verify
+    gives the logits of plain decoding bit for bit, also in batches of over ``ops_linear.MAX_ROWS`` rows.
+    Not a defect; with NANOSPEC_PROFILE_OPS also times every forward pass, target and draft, in total
+    ("forward") and by model and mode ("forward:target:DECODE", "forward:draft:DRAFT_EXTEND", ...)."""
+    import functools
+    import time
+
+    from nanospec.cpu import ops_linear, profiling
+
+    cls = mod.ModelRunner
+    original = cls.forward
+
+    @functools.wraps(original)
+    def forward(self, forward_batch, *args, **kwargs):
+        mode = getattr(forward_batch, "forward_mode", None)
+        if mode is not None and (mode.is_decode() or mode.is_target_verify()) and ops_linear.gemv_on():
+            with ops_linear.decode_or_verify():
+                return original(self, forward_batch, *args, **kwargs)
+        return original(self, forward_batch, *args, **kwargs)
+
+    if profiling.enabled():
+        step = forward
+
+        @functools.wraps(original)
+        def forward(self, forward_batch, *args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return step(self, forward_batch, *args, **kwargs)
+            finally:
+                model = "draft" if getattr(self, "is_draft_worker", False) else "target"
+                mode = getattr(getattr(forward_batch, "forward_mode", None), "name", "?")
+                profiling.record(f"forward:{model}:{mode}", time.perf_counter() - t0)
+
+        forward = profiling.timed("forward", forward)
+    _install(cls, "forward", forward)
+
+
 TARGETS = {
     "sglang.srt.mem_cache.allocation": _fix_allocation,
     "sglang.srt.layers.quantization.unquant": _fix_unquant,
@@ -235,31 +276,8 @@ TARGETS = {
     "sglang.srt.arg_groups.attention_hook": _fix_attention_hook,
     "sglang.srt.arg_groups.platform_hook": _fix_platform_hook,
     "sglang.srt.speculative.eagle_utils": _fix_eagle_utils,
+    "sglang.srt.model_executor.model_runner": _fix_model_runner,
 }
-
-
-def _profile_model_runner(mod) -> None:
-    """Benchmark only (NANOSPEC_PROFILE_OPS): time every forward pass, target and draft, in total
-    ("forward") and by model and mode ("forward:target:DECODE", "forward:draft:DRAFT_EXTEND", ...)."""
-    import functools
-    import time
-
-    from nanospec.cpu import profiling
-
-    cls = mod.ModelRunner
-    original = cls.forward
-
-    @functools.wraps(original)
-    def forward(self, forward_batch, *args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return original(self, forward_batch, *args, **kwargs)
-        finally:
-            model = "draft" if getattr(self, "is_draft_worker", False) else "target"
-            mode = getattr(getattr(forward_batch, "forward_mode", None), "name", "?")
-            profiling.record(f"forward:{model}:{mode}", time.perf_counter() - t0)
-
-    cls.forward = profiling.timed("forward", forward)
 
 
 def _profile_eagle_worker(mod) -> None:
@@ -271,5 +289,4 @@ def _profile_eagle_worker(mod) -> None:
 
 
 if os.environ.get("NANOSPEC_PROFILE_OPS"):
-    TARGETS["sglang.srt.model_executor.model_runner"] = _profile_model_runner
     TARGETS["sglang.srt.speculative.eagle_worker_v2"] = _profile_eagle_worker
