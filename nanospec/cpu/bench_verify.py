@@ -5,19 +5,19 @@ Run with the NanoSpec environment (it builds random EAGLE-3 drafts with ``nanosp
     .venv/bin/python -m nanospec.cpu.bench_verify --model ~/.cache/nanospec/models/smollm2-135m \\
         --model ~/.cache/nanospec/models/qwen2.5-coder-0.5b
 
-Paths (``--paths``): ``old`` is SGLang's own float32 CPU path (``NANOSPEC_CPU_LINEAR=mkl``: ``F.linear``
-and ``torch.matmul``; ``NANOSPEC_CPU_LAYERS=sglang``: its RMSNorm and rotary ``forward_native``, and
-the fallback's general padded attention on all threads), ``linear`` only the prepacked oneDNN linear
-layers (nanospec/cpu/ops_linear.py), ``onednn`` that with nanospec/cpu/ops_layers.py and the
-one-request attention paths of nanospec/cpu/ops_attention.py (the defaults until session 6), ``new``
-the defaults (those, with linear layers on NanoSpec's kernel, nanospec/cpu/gemv.py). For each model and each run (plain
-decoding: the target's DECODE forward; EAGLE3 with a chain of 4 and of 8 draft tokens: the target's
-TARGET_VERIFY forward over 4 and 8 tokens) one real SGLang server per path is started in turn (an idle
-server keeps polling the CPU, so they never run side by side), ``--device cpu``, float32, ``--repeats``
-generations each. The target's forward passes are timed inside the servers (``NANOSPEC_PROFILE_OPS``,
-nanospec/cpu/profiling.py); each generation gives one mean per forward, and the table shows min /
-median over them, the verify / decode ratios and the decode speed-up of each path over ``old``.
-The drafts are random (acceptance ~1), which does not change what one verify costs.
+Paths (``--paths``): ``old`` is SGLang's own float32 CPU path (``NANOSPEC_CPU_LINEAR=mkl``: ``F.linear`` and
+``torch.matmul``; ``NANOSPEC_CPU_LAYERS=sglang``: its RMSNorm and rotary ``forward_native``, and the
+fallback's general padded attention on all threads), ``linear`` only the prepacked oneDNN linear layers
+(nanospec/cpu/ops_linear.py), ``onednn`` that with nanospec/cpu/ops_layers.py and the one-request attention
+paths of nanospec/cpu/ops_attention.py (the defaults until session 6), ``new`` the defaults (those, with
+linear layers on NanoSpec's kernel, nanospec/cpu/gemv.py). For each model and each run (plain decoding: the
+target's DECODE forward; EAGLE3 with a chain of 4 and of 8 draft tokens: the target's TARGET_VERIFY forward
+over 4 and 8 tokens) one real SGLang server per path is started in turn (an idle server keeps polling the CPU,
+so they never run side by side), ``--device cpu``, float32, ``--repeats`` generations each. The target's
+forward passes are timed inside the servers (``NANOSPEC_PROFILE_OPS``, nanospec/cpu/profiling.py); each
+generation gives one mean per forward, and the table shows min / median over them, the verify / decode ratios
+and the decode speed-up of each path over ``old``. The drafts are random (acceptance ~1), which does not
+change what one verify costs.
 """
 
 from __future__ import annotations

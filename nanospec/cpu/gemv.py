@@ -3,8 +3,9 @@
 A decode step multiplies one row by every weight, a target-verify a few rows: both are bound by reading
 the weights once. On the AMD EPYC (two cores) of earlier sessions reading memory ran at about 35 GB/s,
 oneDNN's one-row product on a prepacked weight at 17-27 GB/s and MKL's ``F.linear`` at about 12; gemv.c
-read 25-36 GB/s on the same matrices (docs/cpu.md). It takes 1 to ``ops_linear.MAX_ROWS`` rows and sums
-each output in one order whatever the row count, so a verify gives a decode step's bits (gemv.c).
+read 25-36 GB/s on the same matrices (docs/cpu.md). It takes any number of rows (ops_linear.py sends it
+up to ``MAX_ROWS``, and every row of a decode or verify pass) and sums each output in one order whatever
+the row count, so a verify gives a decode step's bits (gemv.c).
 
 The kernel is C compiled with the system compiler (``$CC``, else ``cc``) the first time a process needs it,
 into ``$NANOSPEC_KERNEL_CACHE`` (default ``~/.cache/nanospec/kernels``), keyed by the source, the flags
