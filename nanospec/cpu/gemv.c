@@ -19,7 +19,7 @@
 
 /* Floats of w read ahead with software prefetches: the hardware prefetcher alone fell behind once each
  * line of w meets several rows of x (4 and 8 rows of a 545 MB LM head read 18 and 15 GB/s without, 22
- * and 19 with, one row 25 either way; 2048 was the best of 0, 256, 1024, 2048 and two rows ahead). */
+ * and 18 with, one row 25 either way; 2048 was the best of 0, 256, 1024, 2048 and two rows ahead). */
 #define PREFETCH 2048
 
 #ifdef __AVX512F__
