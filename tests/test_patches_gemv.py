@@ -135,6 +135,13 @@ def test_inside_a_decode_or_verify_pass_every_row_count_goes_to_the_kernel(monke
         batch = ops_linear.linear(layer, x, layer.weight, layer.bias)
     assert calls == [(192, 64)] and batch.shape == (48, 4, 300)
     assert torch.equal(batch[5, 2:3], ops_linear.linear(layer, x[5, 2:3], layer.weight, layer.bias))
+    # a weight the kernel cannot take goes to F.linear, not to oneDNN with an unbounded row count
+    odd = Layer(1, 1, False)
+    w_t, before = torch.randn(64, 300).t(), len(calls)
+    with ops_linear.decode_or_verify():
+        got = ops_linear.linear(odd, x, w_t, None)
+    torch.testing.assert_close(got, x @ w_t.T, rtol=1e-5, atol=1e-5)
+    assert ops_linear._CACHE not in odd.__dict__ and len(calls) == before
 
 
 def _fake_model_runner():

@@ -90,14 +90,15 @@ def linear(owner: object, x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     (any number inside ``decode_or_verify()``) through gemv.py where ``gemv_on()``, else up to
     ``MAX_ROWS`` rows through the prepacked copy of ``weight`` kept on ``owner``; more through
     ``F.linear``."""
-    kernel = gemv_on()
+    kernel = (gemv_on() and weight.is_contiguous()
+              and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous())))
+    # Over MAX_ROWS rows only the kernel may take the product: oneDNN would keep a primitive per row count.
     if x.numel() > MAX_ROWS * x.shape[-1] and not (kernel and _STEP.get()):
         return torch.nn.functional.linear(x, weight, bias)  # before the copy below: prefills skip it
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     if rows.shape[0] == 0:
         return x.new_empty(*x.shape[:-1], weight.shape[0])
-    if (kernel and weight.is_contiguous()
-            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))):
+    if kernel:
         return gemv.linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
     out = torch.ops.mkldnn._linear_pointwise(rows, packed_weight(owner, weight), bias, "none", [], "")
     return out.view(*x.shape[:-1], weight.shape[0])
