@@ -2,34 +2,39 @@
  * y[m, n] = dot(w[n, :], x[m, :]) (+ b[n]) for M = 1 to a few rows.
  *
  * Built and loaded by nanospec/cpu/gemv.py (see its docstring for why). A decode step multiplies one row
- * by every weight matrix and a target-verify a few rows, so both are bound by reading the weights from
- * memory: each thread reads its share of the rows of w front to back, one row at a time, which keeps
- * one sequential stream per core for the hardware prefetcher (four interleaved row streams measured
- * 10-15% slower on an AVX2 EPYC), and multiplies each row of w with up to RMAX rows of x while it is in
- * registers and L1 (RMAX rows of x, four accumulators each, fill the vector registers).
+ * by every weight matrix and a target-verify a few rows, so both should cost about one read of the
+ * weights from memory. Two things keep a few rows at that cost:
+ * - Tiles of NB outputs by up to RMAX rows of x (NB x RMAX accumulators in registers): each vector of x
+ *   loaded from L1 serves NB outputs, each vector of w serves R rows. With one output at a time (the
+ *   kernel until session 7) a load of x fed one FMA: on a Zen 4 EPYC 4 rows against a cached weight ran
+ *   at 31-42 GMAC/s on two cores, against 66-88 with 4 x 4 tiles, and through a model's weights took
+ *   1.5x the time of one row, against about 1x with tiles (docs/cpu.md, "Session 7").
+ * - A tile reads NB rows of w at once, short streams that the hardware prefetcher follows badly (one
+ *   row of x through such tiles ran 16-43 % slower than through one row of w at a time), so each tile prefetches, in order
+ *   and into L2, the weight rows of the tile PF_TILES ahead. One row of x (a decode step) takes tiles of
+ *   one output: a single sequential stream, the fastest pattern for one row.
  *
- * Every y[m, n] is summed in the same order whatever M, N, m and the thread count: four accumulators of
- * L lanes over the 4L-float blocks of the row, then L-float blocks into the first, a fixed horizontal
- * sum, then the last K % L products in order. So a decode step (1 row) and a verify (k rows) give the
- * same bits for the same input row, and greedy speculative decoding keeps plain decoding's choice at
- * an exact tie. The rows of w are split across the OpenMP threads of the caller's runtime (the loader
- * checks that it is the one PyTorch uses).
+ * Every y[m, n] is summed in the same order whatever M, N, m, the tiling and the thread count: one
+ * accumulator of L lanes over the L-float blocks of the row in order, a fixed horizontal sum, then the
+ * last K % L products in order. So a decode step (1 row) and a verify (k rows) give the same bits for the
+ * same input row, and greedy speculative decoding keeps plain decoding's choice at an exact tie. The
+ * tiles of outputs are split across the OpenMP threads of the caller's runtime (the loader checks that
+ * it is the one PyTorch uses).
  */
 #include <immintrin.h>
 
-/* Floats of w read ahead with software prefetches: the hardware prefetcher alone fell behind once each
- * line of w meets several rows of x (4 and 8 rows of a 545 MB LM head read 18 and 15 GB/s without, 22
- * and 18 with, one row 25 either way; 2048 was the best of 0, 256, 1024, 2048 and two rows ahead). */
-#define PREFETCH 2048
+/* Tiles ahead that the weight prefetch reads: 2 tiles into L2 was the best of 1 tile into L1, L2 or L3,
+ * 2 into L2, and 8 KB ahead of each row into L1 (the one-output kernel's prefetch). */
+#define PF_TILES 2
 
 #ifdef __AVX512F__
 typedef __m512 vec;
 #define L 16
-#define RMAX 6
+#define NB 4   /* 16 accumulators + 4 of w + 1 of x of the 32 vector registers; 4 x 6 measured no faster */
+#define RMAX 4
 #define vzero _mm512_setzero_ps
 #define vload _mm512_loadu_ps
 #define vfma _mm512_fmadd_ps
-#define vadd _mm512_add_ps
 static inline __m256 half(__m512 v) {
     __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
     return _mm256_add_ps(_mm512_castps512_ps256(v), hi);
@@ -37,11 +42,11 @@ static inline __m256 half(__m512 v) {
 #else
 typedef __m256 vec;
 #define L 8
-#define RMAX 3
+#define NB 2   /* 8 accumulators + 2 + 1 of the 16 registers */
+#define RMAX 4
 #define vzero _mm256_setzero_ps
 #define vload _mm256_loadu_ps
 #define vfma _mm256_fmadd_ps
-#define vadd _mm256_add_ps
 static inline __m256 half(__m256 v) { return v; }
 #endif
 
@@ -52,60 +57,61 @@ static inline float sum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* s[r] = dot(w[:K], x[r * K : (r + 1) * K]) for r < R; R is a constant where this is inlined. */
-static inline __attribute__((always_inline)) void dots(const float *w, const float *x, long K, int R,
-                                                       float *s) {
-    vec a[RMAX][4];
-    for (int r = 0; r < R; r++)
-        for (int j = 0; j < 4; j++)
-            a[r][j] = vzero();
-    long k = 0;
-    for (; k + 4 * L <= K; k += 4 * L)
-        for (int j = 0; j < 4; j++) {
-            if ((j * L) % 16 == 0)  /* one 64-byte line */
-                _mm_prefetch((const char *)(w + k + j * L + PREFETCH), _MM_HINT_T0);
-            vec wj = vload(w + k + j * L);
-            for (int r = 0; r < R; r++)
-                a[r][j] = vfma(wj, vload(x + r * K + k + j * L), a[r][j]);
-        }
-    for (; k + L <= K; k += L) {
-        vec wj = vload(w + k);
+/* y[r * N + i] = dot(w[i * K :], x[r * K :]) (+ b[i]) for i < P outputs, r < R rows; P and R are constants
+ * where this is inlined. */
+static inline __attribute__((always_inline)) void tile(const float *w, const float *x, const float *b,
+                                                       float *y, long N, long K, int P, int R) {
+    vec a[NB][RMAX];
+    for (int i = 0; i < P; i++)
         for (int r = 0; r < R; r++)
-            a[r][0] = vfma(wj, vload(x + r * K + k), a[r][0]);
+            a[i][r] = vzero();
+    long k = 0;
+    for (; k + L <= K; k += L) {
+        vec wv[NB];
+        for (int i = 0; i < P; i++) {
+            if (k % 16 == 0)  /* one 64-byte line per P-row span of the tile PF_TILES ahead */
+                _mm_prefetch((const char *)(w + PF_TILES * P * K + P * k + i * 16), _MM_HINT_T1);
+            wv[i] = vload(w + i * K + k);
+        }
+        for (int r = 0; r < R; r++) {
+            vec xv = vload(x + r * K + k);
+            for (int i = 0; i < P; i++)
+                a[i][r] = vfma(wv[i], xv, a[i][r]);
+        }
     }
-    for (int r = 0; r < R; r++) {
-        s[r] = sum8(half(vadd(vadd(a[r][0], a[r][1]), vadd(a[r][2], a[r][3]))));
-        for (long t = k; t < K; t++)
-            s[r] = __builtin_fmaf(w[t], x[r * K + t], s[r]);
-    }
+    for (int i = 0; i < P; i++)
+        for (int r = 0; r < R; r++) {
+            float s = sum8(half(a[i][r]));
+            for (long t = k; t < K; t++)
+                s = __builtin_fmaf(w[i * K + t], x[r * K + t], s);
+            y[r * N + i] = b ? s + b[i] : s;
+        }
 }
 
-/* Rows m .. m + R - 1 of y at output n. */
-#define ROWS(R) do {                                                 \
-        dots(wn, x + m * K, K, R, s);                                \
-        for (int r = 0; r < R; r++)                                  \
-            y[(m + r) * N + n] = b ? s[r] + b[n] : s[r];             \
-        m += R;                                                      \
-    } while (0)
+#define CASE(P, R) case R: tile(wp, xg, bp, yp, N, K, P, R); break
+#define TILES(P) switch (R) { CASE(P, 1); CASE(P, 2); CASE(P, 3); CASE(P, 4); default: break; }
 
 /* x [M, K], w [N, K], b [N] or NULL, y [M, N]; all row-major float32, no aliasing. */
 void nanospec_linear(const float *x, const float *w, const float *b, float *y, long M, long N, long K) {
+    /* Rows in groups of at most RMAX, as even as they go (8 rows: 4 + 4, not 4 + 4 + 0). */
+    long groups = (M + RMAX - 1) / RMAX, blocks = (N + NB - 1) / NB;
     #pragma omp parallel for schedule(static)
-    for (long n = 0; n < N; n++) {
-        const float *wn = w + n * K;
-        float s[RMAX];
-        long m = 0;
-        while (M - m >= RMAX)
-            ROWS(RMAX);
-        switch (M - m) {
-#if RMAX > 3
-        case 5: ROWS(5); break;
-        case 4: ROWS(4); break;
-        case 3: ROWS(3); break;
-#endif
-        case 2: ROWS(2); break;
-        case 1: ROWS(1); break;
-        default: break;
+    for (long blk = 0; blk < blocks; blk++) {
+        long n0 = blk * NB;
+        for (long g = 0, m = 0; g < groups; m += M / groups + (g < M % groups), g++) {
+            int R = (int)(M / groups + (g < M % groups));
+            const float *xg = x + m * K;
+            if (n0 + NB <= N && M > 1) {
+                const float *wp = w + n0 * K, *bp = b ? b + n0 : 0;
+                float *yp = y + m * N + n0;
+                TILES(NB)
+            } else {
+                for (long n = n0; n < N && n < n0 + NB; n++) {
+                    const float *wp = w + n * K, *bp = b ? b + n : 0;
+                    float *yp = y + m * N + n;
+                    TILES(1)
+                }
+            }
         }
     }
 }

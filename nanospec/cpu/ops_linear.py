@@ -5,7 +5,7 @@ PyTorch's ``F.linear`` in float32 goes to MKL, whose small-M GEMM was slow on th
 AVX2 AMD EPYC): a [4, 896] x [896, 9728] product (a Qwen2.5-0.5B MLP matrix) took 5.3 ms against 2.6 ms
 for one row, so verifying 4 draft tokens cost about two decode steps. Few-row products are bound by
 reading the weight; the kernel and oneDNN's blocked layout run 1 to 8 rows in not much more than the
-time of one (docs/cpu.md has the measurements on both CPUs). Outputs are float32 like before; only the
+time of one (docs/cpu.md has the measurements on each CPU). Outputs are float32 like before; only the
 summation order differs (a few ulp).
 
 ``NANOSPEC_CPU_LINEAR``: ``gemv`` (default: up to ``MAX_ROWS`` rows, and every row of a decode step or a
