@@ -10,9 +10,9 @@
  *   at 31-42 GMAC/s on two cores, against 66-88 with 4 x 4 tiles, and through a model's weights took
  *   1.5x the time of one row, against about 1x with tiles (docs/cpu.md, "Session 7").
  * - A tile reads NB rows of w at once, short streams that the hardware prefetcher follows badly (one
- *   row of x through such tiles ran 16-43 % slower than through one row of w at a time), so each tile prefetches, in order
- *   and into L2, the weight rows of the tile PF_TILES ahead. One row of x (a decode step) takes tiles of
- *   one output: a single sequential stream, the fastest pattern for one row.
+ *   row of x through such tiles ran 16-43 % slower than through one row of w at a time), so each tile
+ *   prefetches, in order and into L2, the weight rows of the tile PF_TILES ahead. One row of x (a decode
+ *   step) takes tiles of one output: a single sequential stream, the fastest pattern for one row.
  *
  * Every y[m, n] is summed in the same order whatever M, N, m, the tiling and the thread count: one
  * accumulator of L lanes over the L-float blocks of the row in order, a fixed horizontal sum, then the
@@ -69,7 +69,7 @@ static inline __attribute__((always_inline)) void tile(const float *w, const flo
     for (; k + L <= K; k += L) {
         vec wv[NB];
         for (int i = 0; i < P; i++) {
-            if (k % 16 == 0)  /* one 64-byte line per P-row span of the tile PF_TILES ahead */
+            if (k % 16 == 0)  /* P lines per 16 floats of k: the tile PF_TILES ahead, front to back */
                 _mm_prefetch((const char *)(w + PF_TILES * P * K + P * k + i * 16), _MM_HINT_T1);
             wv[i] = vload(w + i * K + k);
         }
