@@ -93,13 +93,13 @@ static inline __attribute__((always_inline)) void tile(const float *w, const flo
 
 /* x [M, K], w [N, K], b [N] or NULL, y [M, N]; all row-major float32, no aliasing. */
 void nanospec_linear(const float *x, const float *w, const float *b, float *y, long M, long N, long K) {
-    /* Rows in groups of at most RMAX, as even as they go (8 rows: 4 + 4, not 4 + 4 + 0). */
+    /* Rows in the fewest groups of at most RMAX, as even as they go (5 rows: 3 + 2, not 4 + 1). */
     long groups = (M + RMAX - 1) / RMAX, blocks = (N + NB - 1) / NB;
     #pragma omp parallel for schedule(static)
     for (long blk = 0; blk < blocks; blk++) {
         long n0 = blk * NB;
-        for (long g = 0, m = 0; g < groups; m += M / groups + (g < M % groups), g++) {
-            int R = (int)(M / groups + (g < M % groups));
+        for (long g = 0, m = 0, R; g < groups; g++, m += R) {
+            R = M / groups + (g < M % groups);
             const float *xg = x + m * K;
             if (n0 + NB <= N && M > 1) {
                 const float *wp = w + n0 * K, *bp = b ? b + n0 : 0;
