@@ -10,19 +10,25 @@ Paths (``--paths``): ``old`` is SGLang's own float32 CPU path (``NANOSPEC_CPU_LI
 fallback's general padded attention on all threads), ``linear`` only the prepacked oneDNN linear layers
 (nanospec/cpu/ops_linear.py), ``onednn`` that with nanospec/cpu/ops_layers.py and the one-request attention
 paths of nanospec/cpu/ops_attention.py (the defaults until session 6), ``new`` the defaults (those, with
-linear layers on NanoSpec's kernel, nanospec/cpu/gemv.py). For each model and each run (plain decoding: the
-target's DECODE forward; EAGLE3 with a chain of 4 and of 8 draft tokens: the target's TARGET_VERIFY forward
-over 4 and 8 tokens) one real SGLang server per path is started in turn (an idle server keeps polling the CPU,
-so they never run side by side), ``--device cpu``, float32, ``--repeats`` generations each. The target's
+linear layers on NanoSpec's kernel, nanospec/cpu/gemv.py). Runs: plain decoding (the target's DECODE
+forward) and EAGLE3 with a chain of 4 and of 8 draft tokens (the target's TARGET_VERIFY forward over 4 and
+8 tokens), each one real SGLang server, ``--device cpu``, float32.
+
+The servers of one path (one per run) are up side by side and take turns, one generation each, for
+``--repeats`` rounds, so that a verify and the decode step it is divided by are measured minutes apart at
+most, not in separate runs: this host's speed drifts by a quarter within seconds. They run with
+``--sleep-on-idle`` (an idle SGLang scheduler otherwise spins on a core; with it, it polls its socket).
+The decode servers of all paths then take turns the same way, for the speed-up over ``old``. The target's
 forward passes are timed inside the servers (``NANOSPEC_PROFILE_OPS``, nanospec/cpu/profiling.py); each
-generation gives one mean per forward, and the table shows min / median over them, the verify / decode ratios
-and the decode speed-up of each path over ``old``. The drafts are random (acceptance ~1), which does not
-change what one verify costs.
+generation gives one mean per forward, and the table shows min / median over them, the verify / decode
+ratios and the decode speed-up of each path over ``old``. The drafts are random (acceptance ~1), which
+does not change what one verify costs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -50,31 +56,40 @@ RUNS = (
 )
 
 
-def measure(model: Path, draft: Path, paths: list[str], label: str, extra: list[str], key: str, work: Path,
-            args) -> dict[str, list[float]]:
-    """{path: mean ms of the ``key`` forward in each of ``args.repeats`` generations}, one server per path
-    in turn (an idle SGLang server keeps polling, so two at once would slow each other)."""
-    server_args = ["--device", "cpu", "--dtype", "float32", "--max-running-requests", "4",
-                   "--skip-server-warmup"]
-    if extra:
-        server_args += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft),
-                        "--speculative-eagle-topk", "1", *extra]
+def measure(model: Path, draft: Path, servers: list[tuple[str, str]], work: Path, args) -> dict:
+    """{(path, run): mean ms of the run's timed forward in each of ``args.repeats`` generations}: one server
+    per (path, run), all up at once, one generation each in turn per round."""
     prompt = [(17 + 31 * i) % 1000 + 10 for i in range(args.prompt_tokens)]
-    means: dict[str, list[float]] = {p: [] for p in paths}
-    for p in paths:
-        prof = work / f"prof_{p}_{label}"
-        env = {"NANOSPEC_PROFILE_OPS": str(prof), **PATHS[p], "OMP_NUM_THREADS": str(args.threads)}
-        with Server(model, server_args, env, work / f"{p}_{label}.log") as srv:
+    runs = {label: (extra, key) for label, extra, key in RUNS}
+    means: dict[tuple[str, str], list[float]] = {s: [] for s in servers}
+    with contextlib.ExitStack() as stack:
+        live = {}
+        for path, label in servers:
+            extra, key = runs[label]
+            server_args = ["--device", "cpu", "--dtype", "float32", "--max-running-requests", "4",
+                           "--max-total-tokens", "4096", "--skip-server-warmup", "--sleep-on-idle"]
+            if extra:
+                server_args += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
+                                str(draft), "--speculative-eagle-topk", "1", *extra]
+            prof = work / f"prof_{path}_{label}_{len(list(work.glob(f'prof_{path}_{label}*')))}"
+            env = {"NANOSPEC_PROFILE_OPS": str(prof), **PATHS[path], "OMP_NUM_THREADS": str(args.threads)}
+            srv = stack.enter_context(Server(model, server_args, env, work / f"{prof.name}.log"))
             srv.generate(prompt, 8, ignore_eos=True)
-            for _ in range(args.repeats):
+            live[path, label] = (srv, prof, key)
+        for _ in range(args.repeats):
+            for name, (srv, prof, key) in live.items():
                 time.sleep(1.0)  # the profiler flushes twice a second
                 before = _read(prof).get(key, {"seconds": 0.0, "calls": 0})
                 srv.generate(prompt, args.tokens, ignore_eos=True)
                 time.sleep(1.5)
                 after = _read(prof)[key]
                 calls = after["calls"] - before["calls"]
-                means[p].append(1000 * (after["seconds"] - before["seconds"]) / max(calls, 1))
+                means[name].append(1000 * (after["seconds"] - before["seconds"]) / max(calls, 1))
     return means
+
+
+def _stats(ms: list[float]) -> dict:
+    return {"min": min(ms), "median": statistics.median(ms), "runs": ms}
 
 
 def main(argv=None) -> None:
@@ -92,18 +107,24 @@ def main(argv=None) -> None:
     bad = [x for x in paths if x not in PATHS]
     if bad or not paths:
         p.error(f"--paths: unknown {bad}, choose from {list(PATHS)}")
+    labels = [r[0] for r in RUNS if r[0] in args.runs.split(",")]
     results = []
     with tempfile.TemporaryDirectory(prefix="nanospec_bench_verify_") as tmp:
         work = Path(tmp)
         for m, model in enumerate(args.model):
             draft = make_tiny_eagle3_draft(work / f"draft{m}", model, seed=2)
             rows = {path: {"model": model.name, "path": path} for path in paths}
-            for label, extra, key in (r for r in RUNS if r[0] in args.runs.split(",")):
-                by_path = measure(model, draft, paths, label, extra, key, work, args)
-                for path, ms in by_path.items():
-                    rows[path][label] = {"min": min(ms), "median": statistics.median(ms), "runs": ms}
+            for path in paths:  # the ratios: this path's runs side by side
+                for (_, label), ms in measure(model, draft, [(path, x) for x in labels], work, args).items():
+                    rows[path][label] = _stats(ms)
                     print(f"{model.name} {path} {label}: min {min(ms):.2f} ms, median "
                           f"{statistics.median(ms):.2f} ms", flush=True)
+            if "old" in paths and "decode" in labels and len(paths) > 1:  # the speed-up: decodes side by side
+                decodes = measure(model, draft, [(p, "decode") for p in paths], work, args)
+                for (path, _), ms in decodes.items():
+                    rows[path]["decode_vs_paths"] = _stats(ms)
+                    print(f"{model.name} {path} decode (beside the other paths'): min {min(ms):.2f} ms, "
+                          f"median {statistics.median(ms):.2f} ms", flush=True)
             results += rows.values()
     print("\n| model | path | decode ms | verify 4 ms | verify 8 ms | v4 / decode | v8 / decode |")
     print("|---|---|---|---|---|---|---|")
@@ -113,9 +134,9 @@ def main(argv=None) -> None:
               f"| {v8 / d:.2f} |")
     for r in results:
         old = next((o for o in results if o["model"] == r["model"] and o["path"] == "old"), None)
-        if r["path"] != "old" and old is not None and "decode" in r:
-            speed = old["decode"]["median"] / r["decode"]["median"]
-            print(f"{r['model']}: decode step {r['path']} vs old {speed:.2f}x faster")
+        if r["path"] != "old" and old is not None and "decode_vs_paths" in r:
+            speed = old["decode_vs_paths"]["median"] / r["decode_vs_paths"]["median"]
+            print(f"{r['model']}: decode step {r['path']} vs old {speed:.2f}x faster (medians, side by side)")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

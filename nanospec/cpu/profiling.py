@@ -3,13 +3,16 @@
 Enabled in a process when ``NANOSPEC_PROFILE_OPS`` names a directory: every fallback op, every
 ``ModelRunner.forward`` (target and draft) and every ``EAGLEWorkerV2.forward_batch_generation`` (one
 speculative cycle) add their wall time to per-name totals, written to ``<dir>/<pid>.json`` by a
-background thread twice a second (SGLang's processes are killed, not exited) and at exit. Off (the
-default), nothing is wrapped and nothing costs anything.
+background thread twice a second (SGLang's processes are killed, not exited) and at exit. Calls made
+inside a ``scope(label)`` (a forward pass: "target:TARGET_VERIFY", ...) also add to ``label/name``, so an
+op's cost in a verify is told apart from the same op in the draft's passes. Off (the default), nothing is
+wrapped and nothing costs anything.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import json
 import os
@@ -21,6 +24,7 @@ _STATS: dict[str, list[float]] = {}
 _LOCK = threading.Lock()
 _LAST = [0.0]
 _DEPTH = threading.local()
+_SCOPE = threading.local()
 _DIRTY = threading.Event()
 _FLUSHER: list[threading.Thread] = []
 
@@ -71,12 +75,26 @@ def timed(name: str, fn):
     return wrapper
 
 
+@contextlib.contextmanager
+def scope(label: str):
+    """Inside, every recorded call also adds to ``label/<name>`` (the innermost scope only)."""
+    outer = getattr(_SCOPE, "label", None)
+    _SCOPE.label = label
+    try:
+        yield
+    finally:
+        _SCOPE.label = outer
+
+
 def record(name: str, seconds: float) -> None:
-    """Add one call of ``seconds`` to the totals of ``name``."""
+    """Add one call of ``seconds`` to the totals of ``name`` (and of ``<scope>/name`` inside a scope)."""
+    label = getattr(_SCOPE, "label", None)
+    names = (name,) if label is None else (name, f"{label}/{name}")
     with _LOCK:
-        s = _STATS.setdefault(name, [0.0, 0])
-        s[0] += seconds
-        s[1] += 1
+        for n in names:
+            s = _STATS.setdefault(n, [0.0, 0])
+            s[0] += seconds
+            s[1] += 1
         if not _FLUSHER:
             _FLUSHER.append(threading.Thread(target=_flush_loop, daemon=True))
             _FLUSHER[0].start()

@@ -254,12 +254,13 @@ def _fix_model_runner(mod) -> None:
 
         @functools.wraps(original)
         def forward(self, forward_batch, *args, **kwargs):
+            model = "draft" if getattr(self, "is_draft_worker", False) else "target"
+            mode = getattr(getattr(forward_batch, "forward_mode", None), "name", "?")
             t0 = time.perf_counter()
             try:
-                return step(self, forward_batch, *args, **kwargs)
+                with profiling.scope(f"{model}:{mode}"):
+                    return step(self, forward_batch, *args, **kwargs)
             finally:
-                model = "draft" if getattr(self, "is_draft_worker", False) else "target"
-                mode = getattr(getattr(forward_batch, "forward_mode", None), "name", "?")
                 profiling.record(f"forward:{model}:{mode}", time.perf_counter() - t0)
 
         forward = profiling.timed("forward", forward)
