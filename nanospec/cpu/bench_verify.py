@@ -16,7 +16,7 @@ forward) and EAGLE3 with a chain of 4 and of 8 draft tokens (the target's TARGET
 
 The servers of one path (one per run) are up side by side and take turns, one generation each, for
 ``--repeats`` rounds, so that a verify and the decode step it is divided by are measured minutes apart at
-most, not in separate runs: this host's speed drifts by a quarter within seconds. They run with
+most, not in separate runs: the project's hosts drift by a third within seconds. They run with
 ``--sleep-on-idle`` (an idle SGLang scheduler otherwise spins on a core; with it, it polls its socket).
 The decode servers of all paths then take turns the same way, for the speed-up over ``old``. The target's
 forward passes are timed inside the servers (``NANOSPEC_PROFILE_OPS``, nanospec/cpu/profiling.py); each

@@ -1,0 +1,137 @@
+/* Few-row float32 linear layer for x86-64 CPUs with AVX2 and FMA (AVX-512 where the build enables it):
+ * y[m, n] = dot(w[n, :], x[m, :]) (+ b[n]) for M = 1 to a few rows.
+ *
+ * Built and loaded by nanospec/cpu/gemv.py (see its docstring for why). A decode step multiplies one row
+ * by every weight matrix and a target-verify a few rows, so both should cost about one read of the
+ * weights from memory. Two things keep a few rows at that cost:
+ * - Tiles of NB outputs by up to RMAX rows of x (NB x RMAX accumulators in registers): each vector of x
+ *   loaded from L1 serves NB outputs, each vector of w serves R rows. With one output at a time (the
+ *   kernel until session 7) a load of x fed one FMA: on a Zen 4 EPYC 4 rows against a cached weight ran
+ *   at 31-42 GMAC/s on two cores, against 66-88 with 4 x 4 tiles, and through a model's weights took
+ *   1.5x the time of one row, against about 1x with tiles (docs/cpu.md, "Session 7").
+ * - A tile reads NB rows of w at once, short streams that the hardware prefetcher follows badly (one
+ *   row of x through such tiles ran 16-43 % slower than through one row of w at a time), so each tile
+ *   prefetches, in order and into L2, the weight rows of the tile PF_TILES ahead. One row of x (a decode
+ *   step) takes tiles of one output: a single sequential stream, the fastest pattern for one row.
+ *
+ * Every y[m, n] is summed in the same order whatever M, N, m, the tiling and the thread count: one
+ * accumulator of L lanes over the L-float blocks of the row in order, a fixed horizontal sum, then the
+ * last K % L products in order. So a decode step (1 row) and a verify (k rows) give the same bits for the
+ * same input row, and greedy speculative decoding keeps plain decoding's choice at an exact tie. The
+ * tiles of outputs are split across the OpenMP threads of the caller's runtime (the loader checks that
+ * it is the one PyTorch uses).
+ */
+#include <immintrin.h>
+#ifndef P1_UPTO
+#define P1_UPTO 1
+#endif
+#ifndef MULTI1
+#define MULTI1 0
+#endif
+
+/* Tiles ahead that the weight prefetch reads: 2 tiles into L2 was the best of 1 tile into L1, L2 or L3,
+ * 2 into L2, and 8 KB ahead of each row into L1 (the one-output kernel's prefetch). */
+#ifndef PF_TILES
+#define PF_TILES 2
+#endif
+#ifndef PFHINT
+#define PFHINT _MM_HINT_T1
+#endif
+
+#ifdef __AVX512F__
+typedef __m512 vec;
+#define L 16
+#ifndef NB
+#define NB 4
+#endif
+/* 16 accumulators + 4 of w + 1 of x of the 32 vector registers; 4 x 6 measured no faster */
+#ifndef RMAX
+#define RMAX 4
+#endif
+#define vzero _mm512_setzero_ps
+#define vload _mm512_loadu_ps
+#define vfma _mm512_fmadd_ps
+static inline __m256 half(__m512 v) {
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    return _mm256_add_ps(_mm512_castps512_ps256(v), hi);
+}
+#else
+typedef __m256 vec;
+#define L 8
+#define NB 2   /* 8 accumulators + 2 + 1 of the 16 registers */
+#define RMAX 4
+#define vzero _mm256_setzero_ps
+#define vload _mm256_loadu_ps
+#define vfma _mm256_fmadd_ps
+static inline __m256 half(__m256 v) { return v; }
+#endif
+
+static inline float sum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* y[r * N + i] = dot(w[i * K :], x[r * K :]) (+ b[i]) for i < P outputs, r < R rows; P and R are constants
+ * where this is inlined. */
+static inline __attribute__((always_inline)) void tile(const float *w, const float *x, const float *b,
+                                                       float *y, long N, long K, int P, int R) {
+    vec a[NB][RMAX];
+    for (int i = 0; i < P; i++)
+        for (int r = 0; r < R; r++)
+            a[i][r] = vzero();
+    long k = 0;
+    for (; k + L <= K; k += L) {
+        vec wv[NB];
+        for (int i = 0; i < P; i++) {
+            if (k % 16 == 0)  /* P lines per 16 floats of k: the tile PF_TILES ahead, front to back */
+                _mm_prefetch((const char *)(w + PF_TILES * P * K + P * k + i * 16), PFHINT);
+            wv[i] = vload(w + i * K + k);
+        }
+        for (int r = 0; r < R; r++) {
+            vec xv = vload(x + r * K + k);
+            for (int i = 0; i < P; i++)
+                a[i][r] = vfma(wv[i], xv, a[i][r]);
+        }
+    }
+    for (int i = 0; i < P; i++)
+        for (int r = 0; r < R; r++) {
+            float s = sum8(half(a[i][r]));
+            for (long t = k; t < K; t++)
+                s = __builtin_fmaf(w[i * K + t], x[r * K + t], s);
+            y[r * N + i] = b ? s + b[i] : s;
+        }
+}
+
+#define CASE(P, R) case R: tile(wp, xg, bp, yp, N, K, P, R); break
+#if RMAX > 4
+#define TILES(P) switch (R) { CASE(P, 1); CASE(P, 2); CASE(P, 3); CASE(P, 4); CASE(P, 5); CASE(P, 6); CASE(P, 7); CASE(P, 8); default: break; }
+#else
+#define TILES(P) switch (R) { CASE(P, 1); CASE(P, 2); CASE(P, 3); CASE(P, 4); default: break; }
+#endif
+
+/* x [M, K], w [N, K], b [N] or NULL, y [M, N]; all row-major float32, no aliasing. */
+void nanospec_linear(const float *x, const float *w, const float *b, float *y, long M, long N, long K) {
+    /* Rows in the fewest groups of at most RMAX, as even as they go (5 rows: 3 + 2, not 4 + 1). */
+    long groups = (M + RMAX - 1) / RMAX, blocks = (N + NB - 1) / NB;
+    #pragma omp parallel for schedule(static)
+    for (long blk = 0; blk < blocks; blk++) {
+        long n0 = blk * NB;
+        for (long g = 0, m = 0, R; g < groups; g++, m += R) {
+            R = M / groups + (g < M % groups);
+            const float *xg = x + m * K;
+            if (n0 + NB <= N && (M > P1_UPTO || MULTI1)) {
+                const float *wp = w + n0 * K, *bp = b ? b + n0 : 0;
+                float *yp = y + m * N + n0;
+                TILES(NB)
+            } else {
+                for (long n = n0; n < N && n < n0 + NB; n++) {
+                    const float *wp = w + n * K, *bp = b ? b + n : 0;
+                    float *yp = y + m * N + n;
+                    TILES(1)
+                }
+            }
+        }
+    }
+}
