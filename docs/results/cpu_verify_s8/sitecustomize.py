@@ -15,6 +15,7 @@ if os.environ.get("NANOSPEC_PROFILE_OPS"):
             "sglang.srt.model_executor.runner.eager_runner": [("EagerRunner", "execute")],
             "sglang.srt.layers.layer_boundary.stage": [("StageBoundary", "prepare")],
             "sglang.srt.layers.vocab_parallel_embedding": [("VocabParallelEmbedding", "forward")],
+            "sglang.srt.mem_cache.memory_pool": [("MHATokenToKVPool", "set_kv_buffer")],
         }
         def make(modname, prev):
             def fix(mod):
