@@ -71,7 +71,7 @@ def measure(model: Path, draft: Path, servers: list[tuple[str, str]], work: Path
             if extra:
                 server_args += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
                                 str(draft), "--speculative-eagle-topk", "1", *extra]
-            prof = work / f"prof_{path}_{label}_{len(list(work.glob(f'prof_{path}_{label}*')))}"
+            prof = Path(tempfile.mkdtemp(prefix=f"prof_{path}_{label}_", dir=work))  # a decode runs twice
             env = {"NANOSPEC_PROFILE_OPS": str(prof), **PATHS[path], "OMP_NUM_THREADS": str(args.threads)}
             srv = stack.enter_context(Server(model, server_args, env, work / f"{prof.name}.log"))
             srv.generate(prompt, 8, ignore_eos=True)
