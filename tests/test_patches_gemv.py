@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nanospec.cpu import gemv, ops_linear
+from nanospec.cpu import gemv, native, ops_linear
 
 needs_kernel = pytest.mark.skipif(not gemv.available(), reason="no AVX2/FMA CPU or C compiler here")
 
@@ -35,12 +35,12 @@ def gemv_chosen(monkeypatch):
 @pytest.fixture
 def fresh_kernel(monkeypatch, tmp_path):
     """An empty kernel cache and no loaded kernel; the real one is loaded again afterwards."""
-    monkeypatch.setenv(gemv.CACHE_ENV, str(tmp_path))
-    gemv.library.cache_clear()
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
+    native.library.cache_clear()
     ops_linear.gemv_on.cache_clear()
     yield tmp_path
     monkeypatch.undo()
-    gemv.library.cache_clear()
+    native.library.cache_clear()
     ops_linear.gemv_on.cache_clear()
 
 
@@ -48,12 +48,12 @@ def fresh_kernel(monkeypatch, tmp_path):
 def build(request, monkeypatch, tmp_path):
     """The kernel as built for this CPU (AVX-512 where it has it), then the AVX2 build."""
     if request.param == "avx2":
-        monkeypatch.setattr(gemv, "flags", lambda: gemv.FLAGS)
-        monkeypatch.setenv(gemv.CACHE_ENV, str(tmp_path))
-        gemv.library.cache_clear()
+        monkeypatch.setattr(native, "flags", lambda: native.FLAGS)
+        monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
+        native.library.cache_clear()
     yield request.param
     monkeypatch.undo()
-    gemv.library.cache_clear()
+    native.library.cache_clear()
 
 
 @needs_kernel
@@ -194,18 +194,18 @@ def test_the_kernel_is_the_default_and_onednn_or_mkl_can_be_chosen(monkeypatch, 
 @needs_kernel
 def test_kernel_is_built_once_into_the_cache_and_loaded_from_it(fresh_kernel):
     assert gemv.available()
-    built = list(fresh_kernel.glob("gemv-*.so"))
+    built = list(fresh_kernel.glob("nanospec-*.so"))
     assert len(built) == 1 and list(fresh_kernel.glob("*.so")) == built  # no temporary file left
     stamp = built[0].stat().st_mtime_ns
-    gemv.library.cache_clear()
+    native.library.cache_clear()
     assert gemv.available()
-    assert [p.stat().st_mtime_ns for p in fresh_kernel.glob("gemv-*.so")] == [stamp]
+    assert [p.stat().st_mtime_ns for p in fresh_kernel.glob("nanospec-*.so")] == [stamp]
 
 
 @needs_kernel
 def test_kernel_uses_pytorchs_openmp_runtime():
     assert gemv.available()
-    assert len(gemv._openmp_runtimes()) == 1
+    assert len(native.openmp_runtimes()) == 1
 
 
 def test_a_compiler_that_fails_turns_the_kernel_off_with_the_reason_logged(
@@ -214,10 +214,10 @@ def test_a_compiler_that_fails_turns_the_kernel_off_with_the_reason_logged(
                                      "exit 1\n")
     (fresh_kernel / "cc").chmod(0o755)
     monkeypatch.setenv("CC", str(fresh_kernel / "cc"))
-    with caplog.at_level(logging.INFO, logger=gemv.log.name):
+    with caplog.at_level(logging.INFO, logger=native.log.name):
         assert not gemv.available()
         assert not ops_linear.gemv_on()
-    assert "gemv kernel off" in caplog.text
+    assert "NanoSpec C kernels off" in caplog.text
     assert not list(fresh_kernel.glob("*.so"))  # nothing half-written left in the cache
     torch.manual_seed(0)
     layer, x = Layer(50, 40, True), torch.randn(1, 40)  # and a row still gets the right answer
@@ -227,6 +227,6 @@ def test_a_compiler_that_fails_turns_the_kernel_off_with_the_reason_logged(
 
 def test_a_missing_compiler_turns_the_kernel_off(monkeypatch, fresh_kernel, caplog):
     monkeypatch.setenv("CC", str(fresh_kernel / "no-such-cc"))
-    with caplog.at_level(logging.INFO, logger=gemv.log.name):
+    with caplog.at_level(logging.INFO, logger=native.log.name):
         assert not gemv.available()
-    assert "gemv kernel off" in caplog.text
+    assert "NanoSpec C kernels off" in caplog.text

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nanospec.cpu import ops_layers, ops_linear
+from nanospec.cpu import ops_attention, ops_layers, ops_linear
 
 
 @pytest.fixture(autouse=True)
@@ -67,6 +67,7 @@ def test_only_float32_cpu_tensors_take_the_packed_path():
 @pytest.mark.parametrize("module,variable,spelled,value,default", [
     (ops_linear, "NANOSPEC_CPU_LINEAR", "MKL", "mkl", "gemv"),
     (ops_layers, "NANOSPEC_CPU_LAYERS", " SGLang ", "sglang", "fused"),
+    (ops_attention, "NANOSPEC_CPU_ATTENTION", "Torch", "torch", "native"),
 ])
 def test_unknown_cpu_switch_value_is_an_error_naming_the_variable(monkeypatch, module, variable, spelled,
                                                                     value, default):

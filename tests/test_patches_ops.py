@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from nanospec.cpu import ops_attention, ops_layers, ops_memory, ops_spec
+from nanospec.cpu import native, ops_attention, ops_layers, ops_memory, ops_spec
 
 # ---------------------------------------------------------------------------------------------------
 # EAGLE draft trees as SGLang builds them (select_top_k_tokens + organize_draft_results).
@@ -310,9 +310,22 @@ def _kv_setup(bs, seq, H=4, Hkv=2, D=8, pool=400, seed=0):
     return g, kc, vc, req_to_token, rpi
 
 
+@pytest.fixture(params=["native", "torch"])
+def attention_path(request, monkeypatch):
+    """The attention ops through attention.c (NANOSPEC_CPU_ATTENTION=native), then through the PyTorch
+    code; yields (path, calls of the kernel)."""
+    if request.param == "native" and not native.available():
+        pytest.skip("no C kernels on this host")
+    monkeypatch.setattr(ops_attention, "NATIVE", request.param == "native")
+    calls = []
+    real = ops_attention.native_attention
+    monkeypatch.setattr(ops_attention, "native_attention", lambda *a: calls.append(1) or real(*a))
+    return request.param, calls
+
+
 @pytest.mark.parametrize("bs", [1, 4])
 @pytest.mark.parametrize("window,cap,use_sink", [(0, 0.0, False), (5, 0.0, False), (0, 2.0, True)])
-def test_decode_attention_matches_reference(bs, window, cap, use_sink):
+def test_decode_attention_matches_reference(attention_path, bs, window, cap, use_sink):
     H, Hkv, D = 4, 2, 8
     g, kc, vc, r2t, rpi = _kv_setup(bs, None, seed=bs + window)
     seq = torch.randint(1, 32, (bs,), generator=g)
@@ -336,12 +349,16 @@ def test_decode_attention_matches_reference(bs, window, cap, use_sink):
         slots = r2t[rpi[b], lo:s].long()
         want = ref_attention_row(q[b], kc[slots], vc[slots], 0.3, cap, sinks)
         torch.testing.assert_close(o[b].double(), want, rtol=1e-5, atol=1e-5)
+    path, calls = attention_path
+    assert bool(calls) == (path == "native" and not cap and not use_sink)  # cap and sinks stay in PyTorch
 
 
 @pytest.mark.parametrize("seq_len,want_threads", [(31, 1), (ops_attention.ONE_THREAD_WORK // (4 * 8), 2)])
 def test_small_attention_runs_on_one_thread_and_restores_the_count(monkeypatch, seq_len, want_threads):
     # One request's decode or verify is too small for two threads to pay off inside a server (docs/cpu.md);
-    # a long prefill keeps them, and the caller's thread count is back afterwards.
+    # a long prefill keeps them, and the caller's thread count is back afterwards. (The PyTorch path;
+    # attention.c's choice is tests/test_patches_attention.py's.)
+    monkeypatch.setattr(ops_attention, "NATIVE", False)
     H, D = 4, 8
     seen = []
     real = ops_attention._attend
@@ -397,7 +414,7 @@ def _tree_masks(ext, gen):
 
 @pytest.mark.parametrize("bs", [1, 4])
 @pytest.mark.parametrize("mask_kind", ["causal", "qlen", "full", "noncausal", "window"])
-def test_extend_attention_matches_reference(bs, mask_kind):
+def test_extend_attention_matches_reference(attention_path, bs, mask_kind):
     H, Hkv, D = 4, 2, 8
     g, kc, vc, r2t, rpi = _kv_setup(bs, None, seed=10 * bs + len(mask_kind))
     prefix = torch.randint(0, 24, (bs,), generator=g)
@@ -445,10 +462,11 @@ def test_extend_attention_matches_reference(bs, mask_kind):
             slots = r2t[rpi[b], cols].long()
             want = ref_attention_row(q[start[b] + i], kc[slots], vc[slots], 0.25)
             torch.testing.assert_close(o[start[b] + i].double(), want, rtol=1e-5, atol=1e-5)
+    assert bool(attention_path[1]) == (attention_path[0] == "native")
 
 
 @pytest.mark.parametrize("bs", [1, 3])
-def test_extend_attention_uses_the_given_new_keys_not_the_cached_ones(bs):
+def test_extend_attention_uses_the_given_new_keys_not_the_cached_ones(attention_path, bs):
     H, Hkv, D = 4, 2, 8
     g, kc, vc, r2t, rpi = _kv_setup(bs, None, seed=7 + bs)
     ext = torch.full((bs,), 3)
@@ -470,7 +488,7 @@ def test_extend_attention_uses_the_given_new_keys_not_the_cached_ones(bs):
     torch.testing.assert_close(outs[1], outs[0])
 
 
-def test_attention_softmax_is_stable_for_large_scores():
+def test_attention_softmax_is_stable_for_large_scores(attention_path):
     g = torch.Generator().manual_seed(3)
     _, kc, vc, r2t, rpi = _kv_setup(1, None, seed=3)
     q = torch.randn(1, 4, 8, generator=g) * 1e3

@@ -9,8 +9,10 @@ Paths (``--paths``): ``old`` is SGLang's own float32 CPU path (``NANOSPEC_CPU_LI
 ``torch.matmul``; ``NANOSPEC_CPU_LAYERS=sglang``: its RMSNorm and rotary ``forward_native``, and the
 fallback's general padded attention on all threads), ``linear`` only the prepacked oneDNN linear layers
 (nanospec/cpu/ops_linear.py), ``onednn`` that with nanospec/cpu/ops_layers.py and the one-request attention
-paths of nanospec/cpu/ops_attention.py (the defaults until session 6), ``new`` the defaults (those, with
-linear layers on NanoSpec's kernel, nanospec/cpu/gemv.py). Runs: plain decoding (the target's DECODE
+paths of nanospec/cpu/ops_attention.py (the defaults until session 6), ``gemv`` those with linear layers on
+NanoSpec's kernel (nanospec/cpu/gemv.py; the defaults of sessions 6-8), ``new`` the defaults (that, with
+decode and verify attention in NanoSpec's kernel, nanospec/cpu/attention.c, which also stores the new K/V
+of a verify). Runs: plain decoding (the target's DECODE
 forward) and EAGLE3 with a chain of 4 and of 8 draft tokens (the target's TARGET_VERIFY forward over 4 and
 8 tokens), each one real SGLang server, ``--device cpu``, float32.
 
@@ -18,11 +20,11 @@ The servers of one path (one per run) are up side by side and take turns, one ge
 ``--repeats`` rounds, so that a verify and the decode step it is divided by are measured minutes apart at
 most, not in separate runs: the project's hosts drift by a third within seconds. They run with
 ``--sleep-on-idle`` (an idle SGLang scheduler otherwise spins on a core; with it, it polls its socket).
-The decode servers of all paths then take turns the same way, for the speed-up over ``old``. The target's
-forward passes are timed inside the servers (``NANOSPEC_PROFILE_OPS``, nanospec/cpu/profiling.py); each
-generation gives one mean per forward, and the table shows min / median over them, the verify / decode
-ratios and the decode speed-up of each path over ``old``. The drafts are random (acceptance ~1), which
-does not change what one verify costs.
+The decode servers of all paths then take turns the same way, for the speed-up over the first path
+(``old`` by default). The target's forward passes are timed inside the servers (``NANOSPEC_PROFILE_OPS``,
+nanospec/cpu/profiling.py); each generation gives one mean per forward, and the table shows min / median
+over them, the verify / decode ratios and the decode speed-up of each path over the first. The drafts are
+random (acceptance ~1), which does not change what one verify costs.
 """
 
 from __future__ import annotations
@@ -36,15 +38,17 @@ import time
 from pathlib import Path
 
 from nanospec.bench.server import Server
-from nanospec.cpu import ops_layers, ops_linear
+from nanospec.cpu import ops_attention, ops_layers, ops_linear
 from nanospec.cpu.bench import _read
 from nanospec.testing import make_tiny_eagle3_draft
 
+_TORCH = {ops_attention.ENV: "torch"}
 PATHS = {
-    "old": {ops_linear.ENV: "mkl", ops_layers.ENV: "sglang"},
-    "linear": {ops_linear.ENV: "onednn", ops_layers.ENV: "sglang"},
-    "onednn": {ops_linear.ENV: "onednn", ops_layers.ENV: "fused"},
-    "new": {ops_linear.ENV: "gemv", ops_layers.ENV: "fused"},
+    "old": {ops_linear.ENV: "mkl", ops_layers.ENV: "sglang", **_TORCH},
+    "linear": {ops_linear.ENV: "onednn", ops_layers.ENV: "sglang", **_TORCH},
+    "onednn": {ops_linear.ENV: "onednn", ops_layers.ENV: "fused", **_TORCH},
+    "gemv": {ops_linear.ENV: "gemv", ops_layers.ENV: "fused", **_TORCH},
+    "new": {ops_linear.ENV: "gemv", ops_layers.ENV: "fused", ops_attention.ENV: "native"},
 }
 # (label, extra server arguments, forward timed)
 RUNS = (
@@ -119,7 +123,7 @@ def main(argv=None) -> None:
                     rows[path][label] = _stats(ms)
                     print(f"{model.name} {path} {label}: min {min(ms):.2f} ms, median "
                           f"{statistics.median(ms):.2f} ms", flush=True)
-            if "old" in paths and "decode" in labels and len(paths) > 1:  # the speed-up: decodes side by side
+            if "decode" in labels and len(paths) > 1:  # the speed-up: decodes side by side
                 decodes = measure(model, draft, [(p, "decode") for p in paths], work, args)
                 for (path, _), ms in decodes.items():
                     rows[path]["decode_vs_paths"] = _stats(ms)
@@ -133,10 +137,11 @@ def main(argv=None) -> None:
         print(f"| {r['model']} | {r['path']} | {d:.2f} | {v4:.2f} | {v8:.2f} | {v4 / d:.2f} "
               f"| {v8 / d:.2f} |")
     for r in results:
-        old = next((o for o in results if o["model"] == r["model"] and o["path"] == "old"), None)
-        if r["path"] != "old" and old is not None and "decode_vs_paths" in r:
-            speed = old["decode_vs_paths"]["median"] / r["decode_vs_paths"]["median"]
-            print(f"{r['model']}: decode step {r['path']} vs old {speed:.2f}x faster (medians, side by side)")
+        base = next((o for o in results if o["model"] == r["model"] and o["path"] == paths[0]), None)
+        if r["path"] != paths[0] and base is not None and "decode_vs_paths" in r:
+            speed = base["decode_vs_paths"]["median"] / r["decode_vs_paths"]["median"]
+            print(f"{r['model']}: decode step {r['path']} vs {paths[0]} {speed:.2f}x faster "
+                  "(medians, side by side)")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

@@ -21,41 +21,19 @@
  * tiles of outputs are split across the OpenMP threads of the caller's runtime (the loader checks that
  * it is the one PyTorch uses).
  */
-#include <immintrin.h>
+#include "simd.h"
 
 /* Tiles ahead that the weight prefetch reads: 2 tiles into L2 was the best of 1 tile into L1, L2 or L3,
  * 2 into L2, and 8 KB ahead of each row into L1 (the one-output kernel's prefetch). */
 #define PF_TILES 2
 
 #ifdef __AVX512F__
-typedef __m512 vec;
-#define L 16
 #define NB 4   /* 16 accumulators + 4 of w + 1 of x of the 32 vector registers; 4 x 6 measured no faster */
 #define RMAX 4
-#define vzero _mm512_setzero_ps
-#define vload _mm512_loadu_ps
-#define vfma _mm512_fmadd_ps
-static inline __m256 half(__m512 v) {
-    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-    return _mm256_add_ps(_mm512_castps512_ps256(v), hi);
-}
 #else
-typedef __m256 vec;
-#define L 8
 #define NB 2   /* 8 accumulators + 2 + 1 of the 16 registers */
 #define RMAX 4
-#define vzero _mm256_setzero_ps
-#define vload _mm256_loadu_ps
-#define vfma _mm256_fmadd_ps
-static inline __m256 half(__m256 v) { return v; }
 #endif
-
-static inline float sum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* y[r * N + i] = dot(w[i * K :], x[r * K :]) (+ b[i]) for i < P outputs, r < R rows; P and R are constants
  * where this is inlined. */

@@ -16,12 +16,38 @@ import contextlib
 
 import torch
 
-from nanospec.cpu import ops_layers
+from nanospec.cpu import native, ops_layers, switch
 
 # The one-request paths and one-thread attention below are cuts of the decode and verify step; with
 # NANOSPEC_CPU_LAYERS=sglang every call takes the general padded path on all threads, as before them
 # (bench_verify's "old" path). Read once, when the fallback is loaded.
 FAST_PATHS = ops_layers.mode() == "fused"
+
+# NANOSPEC_CPU_ATTENTION: "native" (default) runs decode steps and verifies of float32 caches through
+# attention.c where it builds (nanospec/cpu/native.py), "torch" keeps the PyTorch code below (the
+# session-8 path, and the kernel's oracle in the tests). Off with NANOSPEC_CPU_LAYERS=sglang.
+ENV = "NANOSPEC_CPU_ATTENTION"
+MODES = ("native", "torch")
+
+
+def mode() -> str:
+    """The attention path chosen by ``NANOSPEC_CPU_ATTENTION``; an unknown value is an error."""
+    return switch.choice(ENV, MODES)
+
+
+NATIVE = mode() == "native"
+# Most new tokens per request the kernel takes; longer extends (prefills) keep PyTorch's fused SDPA.
+NATIVE_MAX_EXTEND = 16
+# Largest key head size the kernel takes (attention.c's MAX_HEAD).
+NATIVE_MAX_HEAD = 1024
+_NATIVE_ERRORS = {
+    -1: "a request's req_pool_indices / seq_lens / extend lengths fall outside req_to_token",
+    -2: "the extend lengths do not add up to the query rows",
+    -3: "req_to_token holds a slot outside the KV cache",
+    -4: "a cache location to store the new K/V is outside the KV cache",
+    -5: "custom_mask has the wrong number of entries",
+    -6: "out of memory",
+}
 
 # Below this many multiply-adds (heads x queries x keys x head size) an attention call runs on one
 # thread. One request's decode or verify is ~0.1-1M: on two threads each of its parallel regions waits
@@ -130,6 +156,75 @@ def _extend_one(q, k_new, v_new, out, k_buffer, v_buffer, k_scale, v_scale, slot
     out.copy_(o.reshape(out.shape))
 
 
+def native_usable(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, logit_cap: float,
+                   sinks: torch.Tensor | None, *new: torch.Tensor | None) -> bool:
+    """Whether attention.c serves this call: float32 CPU tensors (``new``: the new K/V, or None), whole
+    caches, no logit cap or sinks."""
+    return (NATIVE and FAST_PATHS and sinks is None and not (logit_cap and logit_cap > 0)
+            and q.dtype == k_cache.dtype == v_cache.dtype == torch.float32 and q.device.type == "cpu"
+            and all(x is None or (x.dtype == torch.float32 and x.device.type == "cpu") for x in new)
+            and k_cache.dim() == v_cache.dim() == 3 and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and q.shape[-1] == k_cache.shape[2] <= NATIVE_MAX_HEAD
+            and q.shape[1] % k_cache.shape[1] == 0 and native.available())
+
+
+def _row_stride(x: torch.Tensor, width: int) -> int | None:
+    """The stride between rows of x ``[n, ...]`` when each row is ``width`` contiguous floats, else None."""
+    if x.dim() == 2:
+        return x.stride(0) if x.shape[1] == width and x.stride(1) == 1 else None
+    if x.dim() == 3 and x.shape[1] * x.shape[2] == width and x.stride(2) == 1 and x.stride(1) == x.shape[2]:
+        return x.stride(0)
+    return x.stride(0) if x.is_contiguous() and x[0].numel() == width else None
+
+
+def _rows(x: torch.Tensor | None, width: int) -> tuple[torch.Tensor | None, int]:
+    """(x or a contiguous copy, its row stride): x ``[n, ...]`` as rows of ``width`` contiguous floats."""
+    if x is None:
+        return None, 0
+    stride = _row_stride(x, width)
+    if stride is None:
+        x = x.contiguous()
+        stride = width
+    return x, stride
+
+
+def _index(x: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """x as a contiguous ``dtype`` tensor (itself when it is one: most calls)."""
+    if x is None or (x.dtype == dtype and x.is_contiguous()):
+        return x
+    return x.to(dtype).contiguous()
+
+
+def native_attention(q, k_new, v_new, store_loc, out, k_cache, v_cache, req_to_token, req_pool_indices,
+                     seq_lens, ext_lens, mask, causal, window, scale, v_scale) -> None:
+    """attention.c over q ``[N, H, D]`` into out ``[N, H, Dv]``; the arguments as in
+    ``nanospec_attention`` (attention.c). ``ext_lens`` None: one new token per request; ``mask`` bool,
+    in SGLang's QLEN_ONLY or FULL_MASK layout. Python's share is most of a small call's cost (a SmolLM2
+    decode: ~5 us in the kernel), hence the plain attribute checks instead of tensor ops."""
+    N, H, D = q.shape
+    Hkv, Dv = k_cache.shape[1], v_cache.shape[2]
+    i64 = torch.int64
+    seq, ext, rpi = _index(seq_lens, i64), _index(ext_lens, i64), _index(req_pool_indices, i64)
+    r2t, loc = _index(req_to_token, torch.int32), _index(store_loc, i64)
+    m = None if mask is None else _index(mask.reshape(-1), torch.bool)
+    q, q_row = _rows(q, H * D)
+    kn, kn_row = _rows(k_new, Hkv * D)
+    vn, vn_row = _rows(v_new, Hkv * Dv)
+    o = out if _row_stride(out, H * Dv) is not None else torch.empty(N, H * Dv)
+    code = native.library().nanospec_attention(
+        q.data_ptr(), q_row, None if kn is None else kn.data_ptr(), kn_row,
+        None if vn is None else vn.data_ptr(), vn_row, None if loc is None else loc.data_ptr(),
+        k_cache.data_ptr(), v_cache.data_ptr(),
+        k_cache.shape[0], r2t.data_ptr(), r2t.shape[0], r2t.shape[1], rpi.data_ptr(), seq.data_ptr(),
+        None if ext is None else ext.data_ptr(), seq.numel(), N, None if m is None else m.data_ptr(),
+        0 if m is None else m.numel(), int(bool(causal)), int(window or 0), o.data_ptr(), o.stride(0), H, Hkv,
+        D, Dv, float(scale), float(v_scale), ONE_THREAD_WORK if torch.get_num_threads() > 1 else -1)
+    if code:
+        raise ValueError(f"attention: {_NATIVE_ERRORS.get(code, f'error {code}')}")
+    if o is not out:
+        out.copy_(o.view(out.shape))
+
+
 def decode_attention_cpu(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -156,6 +251,12 @@ def decode_attention_cpu(
     ``attn_logits`` is the real kernel's split-K scratch buffer and is left as is."""
     if is_cross_attention:
         raise NotImplementedError("cross-attention has no pure-PyTorch decode fallback")
+    if query.shape[0] and native_usable(query, k_cache, v_cache, logit_cap, sinks, key, value):
+        store = key is not None and value is not None
+        native_attention(query, key if store else None, value if store else None, loc if store else None,
+                         output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, None, None, True,
+                         sliding_window_size, sm_scale * k_scale, v_scale)
+        return
     if key is not None and value is not None:
         k_cache.index_copy_(0, loc.long(), key.to(k_cache.dtype))
         v_cache.index_copy_(0, loc.long(), value.to(v_cache.dtype))
@@ -231,6 +332,12 @@ def extend_attention_cpu(
     B = seq_lens.numel()
     N = q_extend.shape[0]
     if B == 0 or N == 0:
+        return
+    if max_len_extend <= NATIVE_MAX_EXTEND and native_usable(q_extend, k_buffer, v_buffer, logit_cap, sinks,
+                                                             k_extend, v_extend):
+        native_attention(q_extend, k_extend, v_extend, None, o_extend, k_buffer, v_buffer, req_to_token,
+                req_pool_indices, seq_lens, extend_seq_lens, custom_mask, is_causal, sliding_window_size,
+                sm_scale * k_scale, v_scale)
         return
     with _threads_for(N * int(seq_lens.max()) * q_extend.shape[1] * q_extend.shape[2]):
         _extend(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, k_scale, v_scale, req_to_token,

@@ -90,18 +90,61 @@ def _fix_eagle_utils(mod) -> None:
 def _fix_intel_amx_backend(mod) -> None:
     """sglang/srt/layers/attention/intel_amx_backend.py (0.5.23) calls its two attention ops through
     ``torch.ops.sgl_kernel``; with the Python fallback that is a dispatcher round trip (19 boxed
-    arguments) per layer call. Call the same functions directly. Not a defect, a CPU cost cut."""
+    arguments) per layer call. Call the same functions directly. And ``forward_extend`` writes the new
+    K/V through the pool's ``set_kv_buffer`` (24 us a layer in a SmolLM2 verify, docs/cpu.md "Session 8")
+    before its op; where the op is attention.c (nanospec/cpu/ops_attention.py) on a plain float32
+    ``MHATokenToKVPool``, let the kernel store them, as this backend's ``forward_decode`` already does for
+    every unquantised cache. Not defects, CPU cost cuts; every other case keeps SGLang's code."""
+    import torch
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    from nanospec.cpu import ops_attention
     from nanospec.cpu.registry import OPS
 
     cls = mod.IntelAMXAttnBackend
-    original = cls.__init__
+    original_init, original_extend = cls.__init__, cls.forward_extend
 
     def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
+        original_init(self, *args, **kwargs)
         self.decode_attention_fwd = OPS["decode_attention_cpu"]
         self.extend_attention_fwd = OPS["extend_attention_cpu"]
 
+    _LEAN: dict = {}
+
+    def _lean(self, layer) -> bool:
+        """Whether this layer's extends may store their K/V in attention.c (fixed for a server's life)."""
+        key = (id(self), layer.layer_id)
+        ok = _LEAN.get(key)
+        if ok is None:
+            pool = self.token_to_kv_pool
+            ok = _LEAN[key] = bool(
+                ops_attention.NATIVE and ops_attention.FAST_PATHS and not self.use_mla
+                and type(pool) is MHATokenToKVPool and not pool.use_hnd and not pool.is_quantized_kv_cache
+                and not pool.requires_physical_write_loc and pool.dtype == pool.store_dtype == torch.float32
+                and not layer.is_cross_attention and layer.attn_type != mod.AttentionType.ENCODER_ONLY
+                and not self._is_swa_layer(layer.layer_id) and not (layer.logit_cap and layer.logit_cap > 0))
+        return ok
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None):
+        if (save_kv_cache and k is not None and v is not None and sinks is None
+                and self.forward_metadata[1] <= ops_attention.NATIVE_MAX_EXTEND and _lean(self, layer)):
+            key_buffer = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+            value_buffer = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
+            H, D, Dv = layer.tp_q_head_num, layer.qk_head_dim, layer.v_head_dim
+            q3 = q.view(-1, H, D)
+            if ops_attention.native_usable(q3, key_buffer, value_buffer, 0.0, None, k, v):
+                seq_lens, extend_seq_lens, _, tree_mask = self.extend_metadata
+                o = q.new_empty((q.shape[0], H * Dv))
+                ops_attention.native_attention(
+                    q3, k, v, forward_batch.out_cache_loc, o.view(-1, H, Dv), key_buffer,
+                    value_buffer, self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
+                    seq_lens, extend_seq_lens, tree_mask, True, layer.sliding_window_size + 1,
+                    layer.scaling * (layer.k_scale_float or 1.0), layer.v_scale_float or 1.0)
+                return o
+        return original_extend(self, q, k, v, layer, forward_batch, save_kv_cache, sinks)
+
     _install(cls, "__init__", __init__)
+    _install(cls, "forward_extend", forward_extend)
 
 
 def _fix_unquant(mod) -> None:
