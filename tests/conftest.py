@@ -24,3 +24,21 @@ if _old is None:
     os.environ.pop("TRITON_INTERPRET")
 else:
     os.environ["TRITON_INTERPRET"] = _old
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(params=["host", "avx2"])
+def native_build(request, monkeypatch, tmp_path):
+    """NanoSpec's C kernels (nanospec/cpu/native.py) as built for this CPU (AVX-512 where it has it), then
+    the AVX2 build (in a private kernel cache); the host's build is loaded again afterwards."""
+    from nanospec.cpu import native
+
+    if request.param == "avx2":
+        monkeypatch.setattr(native, "flags", lambda: native.FLAGS)
+        monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
+        native.library.cache_clear()
+    yield request.param
+    monkeypatch.undo()
+    native.library.cache_clear()

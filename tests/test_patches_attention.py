@@ -16,17 +16,11 @@ from nanospec.cpu import native, ops_attention
 pytestmark = pytest.mark.skipif(not native.available(), reason="no AVX2/FMA CPU or C compiler here")
 
 
-@pytest.fixture(params=["host", "avx2"])
-def build(request, monkeypatch, tmp_path):
-    """The kernels as built for this CPU (AVX-512 where it has it), then the AVX2 build."""
+@pytest.fixture
+def build(native_build, monkeypatch):
+    """Each build of the kernels (conftest.native_build), with the attention kernel chosen."""
     monkeypatch.setattr(ops_attention, "NATIVE", True)
-    if request.param == "avx2":
-        monkeypatch.setattr(native, "flags", lambda: native.FLAGS)
-        monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
-        native.library.cache_clear()
-    yield request.param
-    monkeypatch.undo()
-    native.library.cache_clear()
+    return native_build
 
 
 def _cache(H, Hkv, D, pool=4096, rows=4, width=1024, seed=0):

@@ -44,23 +44,11 @@ def fresh_kernel(monkeypatch, tmp_path):
     ops_linear.gemv_on.cache_clear()
 
 
-@pytest.fixture(params=["host", "avx2"])
-def build(request, monkeypatch, tmp_path):
-    """The kernel as built for this CPU (AVX-512 where it has it), then the AVX2 build."""
-    if request.param == "avx2":
-        monkeypatch.setattr(native, "flags", lambda: native.FLAGS)
-        monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
-        native.library.cache_clear()
-    yield request.param
-    monkeypatch.undo()
-    native.library.cache_clear()
-
-
 @needs_kernel
 @pytest.mark.parametrize("n,k", [(1, 1), (7, 13), (200, 96), (1030, 577), (64, 4864)])
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 6, 8, 16])
 @pytest.mark.parametrize("bias", [False, True])
-def test_kernel_equals_a_float64_product(build, m, n, k, bias):
+def test_kernel_equals_a_float64_product(native_build, m, n, k, bias):
     torch.manual_seed(n * k + m)
     layer, x = Layer(n, k, bias), torch.randn(m, k)
     got = gemv.linear(x, layer.weight, layer.bias)
@@ -70,7 +58,7 @@ def test_kernel_equals_a_float64_product(build, m, n, k, bias):
 
 
 @needs_kernel
-def test_kernel_gives_a_row_the_same_bits_alone_among_other_rows_and_on_any_thread_count(build):
+def test_kernel_gives_a_row_the_same_bits_alone_among_other_rows_and_on_any_thread_count(native_build):
     """A decode step (one row) and a verify (several) must agree bit for bit, or an exact tie between two
     logits could make a speculative method pick another token than plain decoding."""
     torch.manual_seed(0)

@@ -1,10 +1,12 @@
-"""Pure-PyTorch ``decode_attention_cpu`` / ``extend_attention_cpu`` (SGLang's ``intel_amx`` backend ops).
+"""``decode_attention_cpu`` / ``extend_attention_cpu`` (SGLang's ``intel_amx`` backend ops) for CPUs without
+SGLang's C++ kernels: NanoSpec's C kernel (attention.c) for decode steps and verifies of float32 caches,
+PyTorch for the rest and as the kernel's oracle.
 
 The call sites are ``sglang/srt/layers/attention/intel_amx_backend.py`` (SGLang 0.5.23); semantics follow
-the Triton ``decode_attention.py`` / ``extend_attention.py`` kernels. Requests of different lengths are
-padded into one batch and masked, so there is no Python loop over requests or tokens; one request (a CPU
-server's usual batch) takes shorter paths with the same results. Scores and softmax run in float32
-whatever the cache dtype, like the C++ kernels.
+the Triton ``decode_attention.py`` / ``extend_attention.py`` kernels. In the PyTorch code requests of
+different lengths are padded into one batch and masked, so there is no Python loop over requests or
+tokens; one request (a CPU server's usual batch) takes shorter paths with the same results. Scores and
+softmax run in float32 whatever the cache dtype, like the C++ kernels.
 
 Shapes: ``q`` ``[T, H, Dk]``; KV caches ``[pool, Hkv, Dk|Dv]``; ``req_to_token`` ``[rows, width]`` maps a
 request's token positions to cache slots; ``H`` must be a multiple of ``Hkv`` (GQA).
@@ -214,8 +216,8 @@ def native_attention(q, k_new, v_new, store_loc, out, k_cache, v_cache, req_to_t
     code = native.library().nanospec_attention(
         q.data_ptr(), q_row, None if kn is None else kn.data_ptr(), kn_row,
         None if vn is None else vn.data_ptr(), vn_row, None if loc is None else loc.data_ptr(),
-        k_cache.data_ptr(), v_cache.data_ptr(),
-        k_cache.shape[0], r2t.data_ptr(), r2t.shape[0], r2t.shape[1], rpi.data_ptr(), seq.data_ptr(),
+        k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0], r2t.data_ptr(), r2t.shape[0], r2t.shape[1],
+        rpi.data_ptr(), seq.data_ptr(),
         None if ext is None else ext.data_ptr(), seq.numel(), N, None if m is None else m.data_ptr(),
         0 if m is None else m.numel(), int(bool(causal)), int(window or 0), o.data_ptr(), o.stride(0), H, Hkv,
         D, Dv, float(scale), float(v_scale), ONE_THREAD_WORK if torch.get_num_threads() > 1 else -1)
@@ -336,8 +338,8 @@ def extend_attention_cpu(
     if max_len_extend <= NATIVE_MAX_EXTEND and native_usable(q_extend, k_buffer, v_buffer, logit_cap, sinks,
                                                              k_extend, v_extend):
         native_attention(q_extend, k_extend, v_extend, None, o_extend, k_buffer, v_buffer, req_to_token,
-                req_pool_indices, seq_lens, extend_seq_lens, custom_mask, is_causal, sliding_window_size,
-                sm_scale * k_scale, v_scale)
+                         req_pool_indices, seq_lens, extend_seq_lens, custom_mask, is_causal,
+                         sliding_window_size, sm_scale * k_scale, v_scale)
         return
     with _threads_for(N * int(seq_lens.max()) * q_extend.shape[1] * q_extend.shape[2]):
         _extend(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, k_scale, v_scale, req_to_token,
