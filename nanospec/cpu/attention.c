@@ -8,10 +8,10 @@
  * 190 for a verify of 4, docs/cpu.md "Session 8").
  *
  * Every output row is computed from its own query, and the order of every sum depends only on the keys
- * that row sees: scores one key at a time (an L-lane accumulator over the head in order, a fixed
- * horizontal sum, the rest in order), the softmax denominator over L-lane blocks of keys counted from
- * the row's first key, the weighted values key by key in order. Keys a row does not see are skipped or
- * add exact zeros. So the query of position p gets the same bits in a decode step, in any row of a
+ * that row sees: a score is an L-lane accumulator over the head in order, reduced by a network that treats
+ * every key alike (score()), the softmax denominator runs over L-lane blocks of keys counted from the
+ * row's first key, the weighted values key by key in order. Keys a row does not see are skipped or add
+ * exact zeros. So the query of position p gets the same bits in a decode step, in any row of a
  * verify, in any batch and on any thread count, as the linear layers do (gemv.c): greedy speculative
  * decoding breaks an exact tie as plain decoding does.
  */
@@ -37,7 +37,7 @@ static inline vec vscale2(vec y, vec n) {
 static inline vec vkeep(vec p, vec s) { return _mm256_and_ps(p, _mm256_cmp_ps(s, vset1(-INFINITY), _CMP_GT_OQ)); }
 #endif
 
-/* e^x for x <= 0 (a score minus the row's maximum), within 2 ulp; below -87 it returns about e^-87
+/* e^x for x <= 0 (a score minus the row's maximum), to about float32 precision; below -87 it returns about e^-87
  * (1.6e-38, nothing against the maximum's e^0 = 1). Range reduction to r in [-ln2/2, ln2/2] with ln 2 in
  * two parts, a degree-5 polynomial for (e^r - 1 - r) / r^2 (Cephes' expf coefficients), then 2^n. */
 static inline vec vexp(vec x) {
@@ -79,7 +79,7 @@ static inline vec reduce(vec *a) {
     return _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xDD));
 }
 static inline vec in_key_order(vec x) {
-    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15), x);
+    return _mm512_permutexvar_ps(_mm512_loadu_si512(KEY_OF_LANE), x);
 }
 static inline void store_first(float *s, vec x, int n) { _mm512_mask_storeu_ps(s, (__mmask16)((1u << n) - 1), x); }
 #else
@@ -94,7 +94,9 @@ static inline vec reduce(vec *a) {
         u[k] = _mm256_add_ps(_mm256_shuffle_ps(t[k], t[k + 2], 0x44), _mm256_shuffle_ps(t[k], t[k + 2], 0xEE));
     return _mm256_add_ps(_mm256_shuffle_ps(u[0], u[1], 0x88), _mm256_shuffle_ps(u[0], u[1], 0xDD));
 }
-static inline vec in_key_order(vec x) { return _mm256_permutevar8x32_ps(x, _mm256_setr_epi32(0, 2, 1, 3, 4, 6, 5, 7)); }
+static inline vec in_key_order(vec x) {
+    return _mm256_permutevar8x32_ps(x, _mm256_loadu_si256((const __m256i *)KEY_OF_LANE));
+}
 static inline void store_first(float *s, vec x, int n) {
     __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     _mm256_maskstore_ps(s, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane), x);
