@@ -109,15 +109,14 @@ def _fix_intel_amx_backend(mod) -> None:
         self.decode_attention_fwd = OPS["decode_attention_cpu"]
         self.extend_attention_fwd = OPS["extend_attention_cpu"]
 
-    _LEAN: dict = {}
-
     def _lean(self, layer) -> bool:
-        """Whether this layer's extends may store their K/V in attention.c (fixed for a server's life)."""
-        key = (id(self), layer.layer_id)
-        ok = _LEAN.get(key)
+        """Whether this layer's extends may store their K/V in attention.c (fixed for the backend's life,
+        so kept on it)."""
+        known = self.__dict__.setdefault("_nanospec_lean", {})
+        ok = known.get(layer.layer_id)
         if ok is None:
             pool = self.token_to_kv_pool
-            ok = _LEAN[key] = bool(
+            ok = known[layer.layer_id] = bool(
                 ops_attention.NATIVE and ops_attention.FAST_PATHS and not self.use_mla
                 and type(pool) is MHATokenToKVPool and not pool.use_hnd and not pool.is_quantized_kv_cache
                 and not pool.requires_physical_write_loc and pool.dtype == pool.store_dtype == torch.float32
