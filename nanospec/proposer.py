@@ -163,13 +163,12 @@ class Proposer:
     def start(self, slot: int, prompt_ids: torch.Tensor, prefill_topk: torch.Tensor | None) -> None:
         """Start slot's stream: prompt_ids [L] int64 target ids, prefill_topk [L, K] int64 the target's
         top-K_pre at every prompt position (or None), both on the weight's device."""
-        if prefill_topk is None:
-            self.dv.start(slot, prompt_ids, None)
-            return
-        prompt, ptk = streams.start_args(prompt_ids, prefill_topk, self.cfg.sources)
-        # Unmapped target ids, as the plugin has always passed them. With a reduced draft vocabulary
-        # (V_d < V_target) an id >= V_d would be out of range: that path is untested and left as it was.
-        self.dv.start(slot, prompt, ptk)
+        prompt, ptk = (prompt_ids, None) if prefill_topk is None else streams.start_args(
+            prompt_ids, prefill_topk, self.cfg.sources)
+        # The stream lives in draft-row space: with a reduced draft vocabulary a target id the head
+        # has no row for becomes -1, which the vocabulary skips (the draft can never propose it).
+        self.dv.start(slot, streams.draft_rows(prompt, self.t2d),
+                      None if ptk is None else streams.draft_rows(ptk, self.t2d))
 
     def release(self, slot: int) -> None:
         self.dv.release(slot)
@@ -214,7 +213,8 @@ class Proposer:
         reqs = reqs.long()
         if kind == "packed":
             rows = reqs.repeat_interleave(n // b)
-            return self._out(self.dv.logits(hidden, rows), self.dv.column_tokens(), rows, kind)
+            # Rows grouped per request: the kernel reads each request's packed rows once for all of them.
+            return self._out(self.dv.logits(hidden, reqs, n // b), self.dv.column_tokens(), rows, kind)
         if kind == "full":
             return self._out((hidden @ self.weight.T).float(), None, None, kind)
         cap = min(self.vocab, b * self.w_max, self.estimate.estimate(b, self.w_max) * 5 // 4 + 64)

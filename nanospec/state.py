@@ -90,7 +90,8 @@ def start_request(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reset slot ``req`` to the stream ``prompt ++ unique(topk row-major)`` (device ops, no sync).
 
-    prompt: [L] int64; topk: [L, K] int64 or None.
+    prompt: [L] int64; topk: [L, K] int64 or None. Negative ids are not entries of the stream at all
+    (tokens a reduced draft vocabulary has no row for): they take no window place.
     Returns the rows to gather: dst [W] int64 (flat packed row, -1 for none) and src [W] int64 token ids.
     """
     dev, V, W = prompt.device, st.vocab, st.w_max
@@ -101,9 +102,9 @@ def start_request(
         first_sorted[1:] = srt[1:] != srt[:-1]
         first = torch.empty_like(first_sorted).scatter_(0, order, first_sorted)
         stream = torch.cat([prompt, tk])
-        keep = torch.cat([torch.ones_like(prompt, dtype=torch.bool), first])
+        keep = torch.cat([torch.ones_like(prompt, dtype=torch.bool), first]) & (stream >= 0)
     else:
-        stream, keep = prompt, torch.ones_like(prompt, dtype=torch.bool)
+        stream, keep = prompt, prompt >= 0
     t = keep.cumsum(0) - 1  # stream index of each kept entry
     length = keep.sum()
     in_win = keep & (t >= length - W)
@@ -120,7 +121,7 @@ def start_request(
     count = torch.zeros(W + 1, dtype=torch.int64, device=dev)
     count.index_put_((col,), counts.long())
     ring = torch.zeros(W + 1, dtype=torch.int64, device=dev)
-    ring.index_put_((torch.where(in_win, t % W, W),), rank[stream])
+    ring.index_put_((torch.where(in_win, t % W, W),), rank[stream.clamp_min(0)])
 
     st.col_of[req] = torch.where(act, rank, -1).to(st.col_of.dtype)
     st.col_tok[req] = col_tok[:W].to(torch.int32)

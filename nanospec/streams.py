@@ -91,3 +91,13 @@ def to_draft_space(tokens: torch.Tensor, valid: torch.Tensor,
         return tokens, valid
     rows = t2d[tokens.clamp(0, t2d.shape[0] - 1)]
     return rows.clamp_min(0), valid & (rows >= 0) & (tokens >= 0) & (tokens < t2d.shape[0])
+
+
+def draft_rows(tokens: torch.Tensor, t2d: torch.Tensor | None) -> torch.Tensor:
+    """Target ids [...] int64 -> rows of a reduced draft head (t2d: [V_target], -1 where absent), -1
+    for ids the draft has no row for or that lie outside the target vocabulary; unchanged when
+    ``t2d`` is None (the draft's rows are target ids)."""
+    if t2d is None:
+        return tokens
+    inside = (tokens >= 0) & (tokens < t2d.shape[0])
+    return torch.where(inside, t2d[tokens.clamp(0, t2d.shape[0] - 1)], -1)

@@ -56,7 +56,8 @@ class DynamicVocab:
 
     def start(self, req: int, prompt_ids: torch.Tensor, prefill_topk: torch.Tensor | None = None) -> None:
         """Reset slot ``req`` to the stream: prompt_ids [L] in order, then prefill_topk [L, K] row-major
-        with repeats removed (first occurrence kept)."""
+        with repeats removed (first occurrence kept). An id of -1 is no entry (a token the head has no
+        row for, as with a reduced draft vocabulary): it is skipped and takes no window place."""
         self._check_slot("req", req)
         self._check_int("prompt_ids", prompt_ids, 1)
         if prompt_ids.numel() == 0:
@@ -67,9 +68,9 @@ class DynamicVocab:
                 raise ValueError(f"prefill_topk has {prefill_topk.shape[0]} rows but prompt_ids has "
                                  f"{prompt_ids.shape[0]} tokens")
         if self.check_inputs:
-            self._check_tokens("prompt_ids", prompt_ids)
+            self._check_tokens("prompt_ids", prompt_ids, absent=True)
             if prefill_topk is not None:
-                self._check_tokens("prefill_topk", prefill_topk)
+                self._check_tokens("prefill_topk", prefill_topk, absent=True)
         topk = None if prefill_topk is None else prefill_topk.long()
         dst, src = start_request(self.state, req, prompt_ids.long(), topk)
         self.head.gather(dst, src)
@@ -109,14 +110,20 @@ class DynamicVocab:
         graph that contains ``logits`` (inside capture ``logits`` cannot wait by itself)."""
         self.head.wait()
 
-    def logits(self, hidden: torch.Tensor, reqs: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, reqs: torch.Tensor, rows_per_req: int = 1) -> torch.Tensor:
         """Draft logits [N, w_max] float32 of hidden [N, d] over each row's request's packed columns;
-        free columns are -inf. Map columns back with ``token_ids``."""
+        free columns are -inf. Map columns back with ``token_ids``.
+
+        reqs: [N // rows_per_req] the slot of each block of ``rows_per_req`` consecutive rows (1: any
+        row -> slot map). Rows grouped per slot are computed together: the slot's active rows are
+        read once for the whole block, not once per row."""
         self._check_tensor("hidden", hidden, 2)
         self._check_int("reqs", reqs, 1)
-        if hidden.shape != (reqs.shape[0], self.dim):
-            raise ValueError(f"hidden must be [N, {self.dim}] with N = len(reqs); got {tuple(hidden.shape)} "
-                             f"and reqs {tuple(reqs.shape)}")
+        if isinstance(rows_per_req, bool) or not isinstance(rows_per_req, int) or rows_per_req < 1:
+            raise ValueError(f"rows_per_req must be a positive integer, got {rows_per_req!r}")
+        if hidden.shape != (reqs.shape[0] * rows_per_req, self.dim):
+            raise ValueError(f"hidden must be [N, {self.dim}] with N = len(reqs) * rows_per_req "
+                             f"({rows_per_req}); got {tuple(hidden.shape)} and reqs {tuple(reqs.shape)}")
         if hidden.dtype != self.weight.dtype:
             raise ValueError(f"hidden dtype {hidden.dtype} differs from lm_head_weight dtype "
                              f"{self.weight.dtype}")
@@ -185,9 +192,10 @@ class DynamicVocab:
         if t.dtype not in _INT:
             raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
 
-    def _check_tokens(self, name: str, t: torch.Tensor) -> None:
-        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= self.vocab):
-            raise ValueError(f"{name} holds token ids outside [0, {self.vocab})")
+    def _check_tokens(self, name: str, t: torch.Tensor, absent: bool = False) -> None:
+        low = -1 if absent else 0
+        if t.numel() and (int(t.min()) < low or int(t.max()) >= self.vocab):
+            raise ValueError(f"{name} holds token ids outside [{low}, {self.vocab})")
 
     def _check_slot(self, name: str, req: object) -> None:
         if isinstance(req, bool) or not isinstance(req, int) or not 0 <= req < self.max_requests:
