@@ -57,7 +57,8 @@ class PackedHead:
             torch.cuda.current_stream(self.weight.device).wait_event(self.ready)
 
     def logits(self, hidden: torch.Tensor, col_tok: torch.Tensor, reqs: torch.Tensor) -> torch.Tensor:
-        """hidden [N, d], col_tok [R, W] int32, reqs [N] int64 -> [N, W] float32, free columns -inf."""
+        """hidden [N, d], col_tok [R, W] int32, reqs [B] int64 (B divides N: the request of each block
+        of N // B consecutive rows) -> [N, W] float32, free columns -inf."""
         self.wait()
         rows = self.weight if self.indexed else self.packed
         return self.ops.logits(hidden, rows, col_tok, reqs, self.indexed)

@@ -2,8 +2,10 @@
 
 Three heads compute the same kind of draft logits for a batch of ``B`` requests (``N`` rows):
 
-* ``packed``: every request multiplies its own packed ``[W, d]`` copy of its active rows. Reads
-  ``B * W * d`` weight elements; writes ``N * W`` float32 logits.
+* ``packed``: every request multiplies its own packed ``[W, d]`` copy of its active rows with all of
+  its ``N / B`` draft rows at once (the logits kernel loads each weight tile once per block of up to
+  ``ROWS_PER_PROGRAM`` rows). Reads ``B * ceil(N / B / ROWS_PER_PROGRAM) * W * d`` weight elements,
+  so 8 draft rows per request cost the weight reads of 1; writes ``N * W`` float32 logits.
 * ``union``: one head over the union ``U`` of the batch's active vocabularies: rows are gathered from
   the full head into one block (read + write ``U * d``) and multiplied (read ``U * d`` again);
   writes ``N * U`` logits. Pays off when the requests' vocabularies overlap a lot (``U << B * W``).
@@ -15,16 +17,21 @@ the packed head beats the full one until ``B * W ~ V``, the break-even near ``V 
 
 from __future__ import annotations
 
+from nanospec.kernels import ROWS_PER_PROGRAM
+
 HEAD_ORDER = ("packed", "union", "full")
 LOGIT_BYTES = 4  # float32 logits
 
 
 def head_bytes(*, batch: int, rows: int, vocab: int, w_max: int, dim: int, elem: int,
                union_size: int) -> dict[str, int]:
-    """Estimated bytes each head moves for one LM-head call."""
+    """Estimated bytes each head moves for one LM-head call of ``rows`` draft rows, ``rows // batch``
+    consecutive ones per request."""
     u = max(1, min(union_size, vocab, batch * w_max))
+    per_req = max(1, rows // max(1, batch))
+    passes = -(-per_req // ROWS_PER_PROGRAM)  # weight tiles loaded once per block of rows
     return {
-        "packed": batch * w_max * dim * elem + rows * w_max * LOGIT_BYTES,
+        "packed": batch * passes * w_max * dim * elem + rows * w_max * LOGIT_BYTES,
         "union": 3 * u * dim * elem + rows * u * LOGIT_BYTES,
         "full": vocab * dim * elem + rows * vocab * LOGIT_BYTES,
     }

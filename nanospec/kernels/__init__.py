@@ -8,6 +8,9 @@ from types import ModuleType
 import torch
 
 BACKENDS = ("auto", "torch", "triton")
+# Draft rows of one request that one logits program multiplies with each weight tile it loads: a
+# request with more rows than this has its active rows read once per started block of this many.
+ROWS_PER_PROGRAM = 64
 
 
 def triton_available() -> bool:

@@ -102,13 +102,18 @@ def logits(
 ) -> torch.Tensor:
     """Draft logits over each row's request's columns; free columns are -inf.
 
-    hidden: [N, d]; col_tok: [R, W] int32; reqs: [N] int64.
+    hidden: [N, d], rows grouped per request: reqs [B] int64 (B divides N) is the request of each
+    block of N // B consecutive rows (B = N: any row -> request map). col_tok: [R, W] int32.
     rows: packed buffer [R, W, d] (packed mode) or the full LM head [V, d] (indexed mode).
     Returns [N, W] float32.
     """
     impl = logits_grouped if hidden.device.type == "cpu" else logits_batched
     out = impl(hidden, rows, col_tok, reqs, indexed)
-    return out.masked_fill_(col_tok.index_select(0, reqs) < 0, float("-inf"))
+    n, b = hidden.shape[0], reqs.shape[0]
+    free = col_tok.index_select(0, reqs) < 0  # [B, W]
+    if b and n != b:
+        free = free[:, None, :].expand(b, n // b, -1).reshape(n, -1)
+    return out.masked_fill_(free, float("-inf"))
 
 
 def logits_grouped(
@@ -117,6 +122,8 @@ def logits_grouped(
     """CPU path: one matmul per distinct request. There is no device queue to stall on the CPU, so
     reading ``reqs`` on the host is free and saves copying a request's rows once per row."""
     out = torch.full((hidden.shape[0], col_tok.shape[1]), float("-inf"), device=hidden.device)
+    if reqs.shape[0] and hidden.shape[0] != reqs.shape[0]:
+        reqs = reqs.repeat_interleave(hidden.shape[0] // reqs.shape[0])
     groups: dict[int, list[int]] = {}
     for i, r in enumerate(reqs.tolist()):
         groups.setdefault(r, []).append(i)
@@ -137,11 +144,17 @@ def logits_grouped(
 def logits_batched(
     hidden: torch.Tensor, rows: torch.Tensor, col_tok: torch.Tensor, reqs: torch.Tensor, indexed: bool
 ) -> torch.Tensor:
-    """Device path without host reads (CUDA graphs): copies each row's weights, then one bmm."""
+    """Device path without host reads (CUDA graphs): copies each request block's weights once, then
+    one bmm of every block's rows with them (what the Triton kernel computes tile by tile)."""
     N, W = hidden.shape[0], col_tok.shape[1]
+    B = reqs.shape[0]
+    if B == 0:
+        return hidden.new_empty(N, W, dtype=torch.float32)
     if indexed:
         toks = col_tok.index_select(0, reqs).clamp_min(0).long()
-        w = rows.index_select(0, toks.reshape(-1)).view(N, W, -1)
+        w = rows.index_select(0, toks.reshape(-1)).view(B, W, -1)
     else:
         w = rows.index_select(0, reqs)
-    return torch.bmm(w, hidden[:, :, None]).squeeze(-1).float()
+    # [B, W, d] @ [B, d, G]: with G = 1 the very product of one row at a time.
+    out = torch.bmm(w, hidden.view(B, N // B, -1).transpose(1, 2))
+    return out.transpose(1, 2).reshape(N, W).float()

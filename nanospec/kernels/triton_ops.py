@@ -1,4 +1,5 @@
-"""Triton kernels: one program per request row for the bookkeeping, row-parallel gather and logits.
+"""Triton kernels: one program per request row for the bookkeeping, row-parallel gather, and logits
+as one small GEMM per request block and column tile.
 
 The extend kernel mirrors ``torch_ops.extend`` lane for lane; see there for the algorithm.
 """
@@ -8,7 +9,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
+from nanospec.kernels import ROWS_PER_PROGRAM
 from nanospec.state import VocabState
 
 
@@ -133,26 +136,37 @@ def gather(weight: torch.Tensor, packed_flat: torch.Tensor, dst: torch.Tensor, s
 
 @triton.jit
 def _logits_kernel(
-    hidden_ptr, stride_h, rows_ptr, stride_r, col_tok_ptr, reqs_ptr, out_ptr, D, W,
-    INDEXED: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr,
+    hidden_ptr, stride_h, rows_ptr, stride_r, col_tok_ptr, reqs_ptr, out_ptr, D, W, G,
+    INDEXED: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    n = tl.program_id(0)
+    # One program: a tile of BLOCK_W columns of one request times up to BLOCK_G of its G draft rows.
+    # Each weight tile is loaded once for all those rows (a small GEMM on tensor cores), not per row.
+    blocks = tl.cdiv(G, BLOCK_G)
+    b = tl.program_id(0) // blocks
+    g = (tl.program_id(0) % blocks) * BLOCK_G + tl.arange(0, BLOCK_G)
+    in_g = g < G
+    n = b.to(tl.int64) * G + g
     cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
     in_w = cols < W
-    req = tl.load(reqs_ptr + n).to(tl.int64)
+    req = tl.load(reqs_ptr + b).to(tl.int64)
     tok = tl.load(col_tok_ptr + req * W + cols, mask=in_w, other=-1).to(tl.int64)
     live = tok >= 0
     row = tok if INDEXED else req * W + cols
-    acc = tl.zeros([BLOCK_W], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_W], dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         dd = d0 + tl.arange(0, BLOCK_D)
         in_d = dd < D
-        h = tl.load(hidden_ptr + n * stride_h + dd, mask=in_d, other=0.0).to(tl.float32)
+        h = tl.load(hidden_ptr + n[:, None] * stride_h + dd[None, :], mask=in_g[:, None] & in_d[None, :],
+                    other=0.0)
         # Free columns are never read: eviction costs no bandwidth.
-        m = live[:, None] & in_d[None, :]
-        w = tl.load(rows_ptr + row[:, None] * stride_r + dd[None, :], mask=m, other=0.0)
-        acc += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
-    tl.store(out_ptr + n * W + cols, tl.where(live, acc, float("-inf")), mask=in_w)
+        w = tl.load(rows_ptr + row[:, None] * stride_r + dd[None, :], mask=live[:, None] & in_d[None, :],
+                    other=0.0)
+        if UPCAST:  # the interpreter's dot cannot take bfloat16; float32 products of bf16 are exact
+            h, w = h.to(tl.float32), w.to(tl.float32)
+        acc = tl.dot(h, tl.trans(w), acc, input_precision=PRECISION)
+    out = tl.where(live[None, :], acc, float("-inf"))
+    tl.store(out_ptr + n[:, None] * W + cols[None, :], out, mask=in_g[:, None] & in_w[None, :])
 
 
 def logits(
@@ -162,12 +176,23 @@ def logits(
     N, D = hidden.shape
     W = col_tok.shape[1]
     out = torch.empty(N, W, dtype=torch.float32, device=hidden.device)
-    if N == 0:
+    B = reqs.shape[0]
+    if N == 0 or B == 0:
         return out
+    G = N // B
+    block_g = min(ROWS_PER_PROGRAM, max(16, triton.next_power_of_2(G)))  # tl.dot needs >= 16
+    # Narrower column tiles at small batches: more programs to spread over the SMs.
+    block_w = 64 if B * triton.cdiv(W, 64) >= 256 else 32
+    block_d = max(16, min(128, triton.next_power_of_2(D)))
     stride_r = rows.stride(0) if indexed else rows.stride(1)
-    block_w, block_d = 128, min(64, triton.next_power_of_2(D))
-    _logits_kernel[(N, triton.cdiv(W, block_w))](
-        hidden, hidden.stride(0), rows, stride_r, col_tok, reqs, out, D, W,
-        INDEXED=indexed, BLOCK_W=block_w, BLOCK_D=block_d,
+    fp32 = hidden.dtype == torch.float32
+    _logits_kernel[(B * triton.cdiv(G, block_g), triton.cdiv(W, block_w))](
+        hidden, hidden.stride(0), rows, stride_r, col_tok, reqs, out, D, W, G,
+        INDEXED=indexed, UPCAST=_INTERPRETED and not fp32,
+        PRECISION="ieee" if fp32 or _INTERPRETED else "tf32",  # float32 stays float32, not TF32
+        BLOCK_G=block_g, BLOCK_W=block_w, BLOCK_D=block_d,
     )  # fmt: skip
     return out
+
+
+_INTERPRETED = isinstance(_logits_kernel, InterpretedFunction)
