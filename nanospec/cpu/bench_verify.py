@@ -9,8 +9,8 @@ Paths (``--paths``): ``old`` is SGLang's own float32 CPU path (``NANOSPEC_CPU_LI
 ``torch.matmul``; ``NANOSPEC_CPU_LAYERS=sglang``: its RMSNorm and rotary ``forward_native``, and the
 fallback's general padded attention on all threads), ``linear`` only the prepacked oneDNN linear layers
 (nanospec/cpu/ops_linear.py), ``onednn`` that with nanospec/cpu/ops_layers.py and the one-request attention
-paths of nanospec/cpu/ops_attention.py (the defaults until session 6), ``gemv`` those with linear layers on
-NanoSpec's kernel (nanospec/cpu/gemv.py; the defaults of sessions 6-8), ``new`` the defaults (that, with
+paths of nanospec/cpu/ops_attention.py, ``gemv`` those with linear layers on NanoSpec's kernel
+(nanospec/cpu/gemv.py; ``NANOSPEC_CPU_ATTENTION=torch``), ``new`` the defaults (that, with
 decode and verify attention in NanoSpec's kernel, nanospec/cpu/attention.c, which also stores the new K/V
 of a verify). Runs: plain decoding (the target's DECODE
 forward) and EAGLE3 with a chain of 4 and of 8 draft tokens (the target's TARGET_VERIFY forward over 4 and

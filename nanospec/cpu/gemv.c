@@ -6,9 +6,9 @@
  * weights from memory. Two things keep a few rows at that cost:
  * - Tiles of NB outputs by up to RMAX rows of x (NB x RMAX accumulators in registers): each vector of x
  *   loaded from L1 serves NB outputs, each vector of w serves R rows. With one output at a time (the
- *   kernel until session 7) a load of x fed one FMA: on a Zen 4 EPYC 4 rows against a cached weight ran
+ *   earlier kernel) a load of x fed one FMA: on a Zen 4 EPYC 4 rows against a cached weight ran
  *   at 31-42 GMAC/s on two cores, against 66-88 with 4 x 4 tiles, and through a model's weights took
- *   1.5x the time of one row, against about 1x with tiles (docs/cpu.md, "Session 7").
+ *   1.5x the time of one row, against about 1x with tiles (measured at commit c6e3544).
  * - A tile reads NB rows of w at once, short streams that the hardware prefetcher follows badly (one
  *   row of x through such tiles ran 16-43 % slower than through one row of w at a time), so each tile
  *   prefetches, in order and into L2, the weight rows of the tile PF_TILES ahead. One row of x (a decode

@@ -91,7 +91,7 @@ def _fix_intel_amx_backend(mod) -> None:
     """sglang/srt/layers/attention/intel_amx_backend.py (0.5.23) calls its two attention ops through
     ``torch.ops.sgl_kernel``; with the Python fallback that is a dispatcher round trip (19 boxed
     arguments) per layer call. Call the same functions directly. And ``forward_extend`` writes the new
-    K/V through the pool's ``set_kv_buffer`` (24 us a layer in a SmolLM2 verify, docs/cpu.md "Session 8")
+    K/V through the pool's ``set_kv_buffer`` (24 us a layer in a SmolLM2 verify, measured at commit b467097)
     before its op; where the op is attention.c (nanospec/cpu/ops_attention.py) on a plain float32
     ``MHATokenToKVPool``, let the kernel store them, as this backend's ``forward_decode`` already does for
     every unquantised cache. Not defects, CPU cost cuts; every other case keeps SGLang's code."""
