@@ -1,9 +1,10 @@
-"""scripts/gpu_check.py on the CPU: its dry run passes and prints every check exactly once, and its
-comparisons report a broken state or broken logits as FAIL (so it cannot pass by always saying PASS)."""
+"""nanospec.bench.gpu_check on the CPU: its dry run passes and prints every check exactly once, its
+reports are written, and its comparisons report a broken state, broken logits or stale packed rows in
+the loop as FAIL (so it cannot pass by always saying PASS)."""
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -14,30 +15,20 @@ import pytest
 import torch
 
 from nanospec import DynamicVocab, NanoSpecConfig
+from nanospec.bench import gpu_check, gpu_loop
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
-CHECKS = ("imports", "kernels_match", "cuda_graph_heads", "side_stream_race", "no_host_sync", "head_timing",
-          "memory")
+ROOT = Path(__file__).resolve().parents[1]
+CHECKS = ("imports", "loop", "kernels_match", "cuda_graph_heads", "side_stream_race", "no_host_sync",
+          "head_timing", "memory")
 LINE = re.compile(r"^(PASS|FAIL|SKIP) (\w+): ")
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu_check = _load()
 
 
 def _run(*args: str, interpret: bool) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     if interpret:
         env["TRITON_INTERPRET"] = "1"
-    return subprocess.run([sys.executable, str(SCRIPT), "--dry", *args], capture_output=True, text=True,
-                          env=env, timeout=300)
+    return subprocess.run([sys.executable, "-m", "nanospec.bench.gpu_check", "--dry", *args], cwd=ROOT,
+                          capture_output=True, text=True, env=env, timeout=300)
 
 
 def _statuses(stdout: str) -> dict[str, list[str]]:
@@ -53,8 +44,7 @@ def _statuses(stdout: str) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("interpret", [False, True], ids=["plain", "triton-interpreter"])
 def test_dry_run_passes_and_prints_every_check_once(interpret: bool, tmp_path: Path):
-    out = tmp_path / "gpu_check.txt"
-    proc = _run("--out", str(out), interpret=interpret)
+    proc = _run("--out", str(tmp_path), interpret=interpret)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("gpu_check ") and "torch=" in lines[0] and "triton=" in lines[0]
@@ -64,8 +54,19 @@ def test_dry_run_passes_and_prints_every_check_once(interpret: bool, tmp_path: P
     # The CUDA-only checks say why they did not run; kernels_match runs only under the interpreter.
     assert [found[n][0] for n in ("cuda_graph_heads", "side_stream_race", "no_host_sync")] == ["SKIP"] * 3
     assert found["kernels_match"] == (["PASS"] if interpret else ["SKIP"])
-    assert found["imports"] == found["memory"] == found["head_timing"] == ["PASS"]
-    assert out.read_text().splitlines() == lines
+    assert found["imports"] == found["memory"] == found["head_timing"] == found["loop"] == ["PASS"]
+    assert (tmp_path / "gpu_check.txt").read_text().splitlines() == lines
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert {n: c["status"] for n, c in report["checks"].items()} == {n: v[0] for n, v in found.items()}
+    loop = report["checks"]["loop"]["data"]
+    shape = gpu_loop.DRY_LOOP
+    full, reduced = loop[f"full V_d={shape.vocab}"], loop[f"reduced V_d={shape.draft_vocab}"]
+    assert full["ids_compared"] > 0 and reduced["ids_compared"] > 0
+    # Graphs (eager callables here) replayed with fewer live requests than they were built for.
+    assert any(b < p for b, p in full["batch_on_graph"])
+    assert loop["times"]["B=2"]["full head"]["vs_full_head"] == 1.0
+    md = (tmp_path / "gpu_check.md").read_text()
+    assert "| loop | PASS |" in md and "| packed draft step |" in md
 
 
 def test_injected_fault_is_a_fail_with_nonzero_exit():
@@ -73,6 +74,35 @@ def test_injected_fault_is_a_fail_with_nonzero_exit():
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert _statuses(proc.stdout) == {"kernels_match": ["FAIL"]}
     assert "pos not bit-identical" in proc.stdout
+
+
+def test_planted_stale_rows_fail_the_loop_check():
+    proc = _run("--only", "loop", "--plant-stale-rows", interpret=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert _statuses(proc.stdout) == {"loop": ["FAIL"]}
+    assert "token ids differ from the reference" in proc.stdout and "--plant-stale-rows" in proc.stdout
+
+
+@pytest.mark.parametrize("reduced", [False, True], ids=["full-vocab", "reduced-vocab"])
+def test_loop_sees_rows_gathered_after_verify_go_stale(reduced: bool, monkeypatch):
+    # Gathers at start are right; only those of after_verify skip rows: the draft-extend's hidden
+    # points at just-accepted tokens, so their stale rows must change the ids.
+    real = gpu_loop.Proposer.after_verify
+
+    def after_verify(self, **kw):
+        ops = self.dv.head.ops
+        self.dv.head.ops = gpu_loop.SkipGather(ops)
+        try:
+            return real(self, **kw)
+        finally:
+            self.dv.head.ops = ops
+
+    monkeypatch.setattr(gpu_loop.Proposer, "after_verify", after_verify)
+    stats = gpu_loop.run_loop(gpu_loop.DRY_LOOP, reduced, cuda=False, seconds=60, max_rounds=30)
+    assert stats.mismatch and "token ids differ" in stats.mismatch
+    monkeypatch.undo()
+    clean = gpu_loop.run_loop(gpu_loop.DRY_LOOP, reduced, cuda=False, seconds=60, max_rounds=30)
+    assert clean.mismatch is None and clean.rounds == 30
 
 
 # -- the comparisons -------------------------------------------------------------------------------------

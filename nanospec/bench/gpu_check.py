@@ -1,15 +1,21 @@
-#!/usr/bin/env python
-"""Acceptance check of the NanoSpec core on one CUDA GPU, in one command of a few minutes.
+"""Acceptance check of NanoSpec on one CUDA GPU, in one command of a few minutes.
 
-    python scripts/gpu_check.py [--dry] [--out FILE] [--only NAME,...] [--budget SECONDS]
-                                [--narrow-rows] [--inject-fault]
+    python -m nanospec.bench.gpu_check [--dry] [--out DIR] [--only NAME,...] [--budget SECONDS]
+                                       [--narrow-rows] [--inject-fault] [--plant-stale-rows]
 
-It needs only torch, triton, numpy and this repository (no SGLang, no download). It prints a header
-(date, versions, device), one ``PASS|FAIL|SKIP name: detail`` line per check and a summary, and exits
-1 if any check failed. Checks:
+It needs only torch, triton, numpy and NanoSpec (no SGLang, no download). It prints a header (date,
+versions, device), one ``PASS|FAIL|SKIP name: detail`` line per check and a summary, and exits 1 if
+any check failed; ``--out DIR`` also writes ``gpu_check.json`` and ``gpu_check.md`` there. Checks:
 
     imports           nanospec core (proposer, policy, streams) and nanospec.sglang.{runtime,...}
                       import without SGLang
+    loop              SGLang's draft loop at Llama-3.1-8B head sizes (nanospec/bench/gpu_loop.py):
+                      forward stream, eager after_verify with side-stream gathers, draft-extend
+                      selecting rows before the head, draft steps in CUDA graphs per padded batch
+                      replayed at smaller batches, full and reduced (hot map) draft vocabularies;
+                      every step's ids equal to a float32 full-head reference over the active
+                      vocabulary; times of the head, head + softmax + top-k and the draft step as
+                      ratios to the full head
     kernels_match     Triton kernels vs their PyTorch twins over random start/extend/release
                       streams: every VocabState tensor and the packed buffer bit for bit, logits
                       against a float32 reference (V 32k and 128k, W 3072, d 4096 bf16, 48 slots)
@@ -23,40 +29,40 @@ It needs only torch, triton, numpy and this repository (no SGLang, no download).
                       nanospec.policy's
     memory            state + packed buffer for 48 slots: allocated and peak bytes vs nbytes()
 
-``--dry`` (automatic without CUDA) runs on the CPU what can run there: kernels_match at small sizes
-when TRITON_INTERPRET=1 was set before the start (else SKIP), a tiny CPU timing, nbytes against the
-layout formula; the CUDA-only checks print SKIP. ``--inject-fault`` corrupts the PyTorch twin's state
-once during kernels_match, which must then FAIL (a self-test of the checker). kernels_match also
-appends candidate rows with more distinct tokens than W (in-step eviction, which only tiny windows
-meet in serving; on the GPU through an extra W = 64 stream); ``--narrow-rows`` leaves them out.
+``--dry`` (automatic without CUDA) runs on the CPU what can run there: the loop at small sizes in
+float32 without graphs or streams, kernels_match at small sizes when TRITON_INTERPRET=1 was set before
+the start (else SKIP), a tiny CPU timing, nbytes against the layout formula; the CUDA-only checks print
+SKIP. Self-tests of the checker: ``--inject-fault`` corrupts the PyTorch twin's state once during
+kernels_match, ``--plant-stale-rows`` makes the loop's gathers skip rows; either check must then FAIL.
+kernels_match also appends candidate rows with more distinct tokens than W (in-step eviction, which
+only tiny windows meet in serving; on the GPU through an extra W = 64 stream); ``--narrow-rows``
+leaves them out.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gc
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
-ROOT = Path(__file__).resolve().parents[1]
-# Run from a bare checkout: nanospec need not be installed on the GPU machine.
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
+from nanospec import DynamicVocab, NanoSpecConfig
+from nanospec.bench import gpu_loop
+from nanospec.bench.gpu_loop import SLEEP_CYCLES, capture, cpu_median_ms, gpu_median_ms
 
-from nanospec import DynamicVocab, NanoSpecConfig  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 STATE_FIELDS = ("col_of", "col_tok", "count", "ring", "stack", "nfree", "pos", "gathered")
 K_PRE = 3
@@ -65,9 +71,6 @@ INF = float("-inf")
 # (cuBLAS or CPU bf16 matmuls round their results to 8 significant bits).
 TIGHT_TOL = (1e-4, 1e-4)
 BF16_TOL = (1.6e-2, 1e-2)
-# torch.cuda._sleep cycles (~50 ms at H200 clocks): long enough that the host queues everything
-# behind it, short enough to repeat.
-SLEEP_CYCLES = 100_000_000
 FORBIDDEN = ("sglang", "sgl_kernel", "transformers", "vllm", "flashinfer")
 ALLOWED = ("nanospec", "numpy", "torch", "triton")
 
@@ -103,14 +106,16 @@ DRY_TIMING_SHAPE = Shape(8192, 256, 64, 16, torch.float32)
 class Outcome:
     status: str  # PASS | FAIL | SKIP
     detail: str
+    data: dict = field(default_factory=dict)  # measurements for the JSON report
+    seconds: float = 0.0
 
 
-def passed(detail: str) -> Outcome:
-    return Outcome("PASS", detail)
+def passed(detail: str, data: dict | None = None) -> Outcome:
+    return Outcome("PASS", detail, data or {})
 
 
-def failed(detail: str) -> Outcome:
-    return Outcome("FAIL", detail)
+def failed(detail: str, data: dict | None = None) -> Outcome:
+    return Outcome("FAIL", detail, data or {})
 
 
 def skipped(reason: str) -> Outcome:
@@ -124,6 +129,7 @@ class Ctx:
     cuda: bool  # full run on the GPU (False: --dry on the CPU)
     interpret: bool  # the Triton interpreter is on (kernels can run on the CPU)
     inject_fault: bool = False
+    plant_stale: bool = False  # the loop's gathers skip rows, so the loop check must FAIL
     wide_rows: bool = True  # kernels_match also appends rows with more than W distinct candidates
     deadline: float = float("inf")  # time.monotonic() at which the budget ends
 
@@ -289,21 +295,6 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first} (at {where(exc)})"
 
 
-def capture(fn: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
-    """Warm ``fn`` up on a side stream (Triton compiles, cuBLAS picks kernels), then capture it in a
-    CUDA graph. Returns the graph and fn's outputs, which the graph overwrites on each replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out
-
-
 def start_full(dv: DynamicVocab, slot: int, traffic: Traffic, device: torch.device) -> None:
     """Start ``slot`` with a prompt of W tokens, so its window is full and every extend evicts."""
     prompt = traffic.tokens(dv.w_max).to(device)
@@ -348,6 +339,44 @@ def check_imports(ctx: Ctx) -> Outcome:
     return passed("nanospec core (proposer, policy, streams) + nanospec.sglang.{runtime,settings,telemetry} "
                   "load "
                   f"no SGLang; new top-level modules: {[m for m in new if m in ALLOWED] or 'none'} + stdlib")
+
+
+# -- loop -----------------------------------------------------------------------------------------------
+
+
+def check_loop(ctx: Ctx) -> Outcome:
+    """SGLang's draft loop (nanospec/bench/gpu_loop.py) for a full and a reduced draft vocabulary, every
+    step's ids against the reference; then the head times as ratios to the full head."""
+    shape = gpu_loop.LLAMA3_LOOP if ctx.cuda else gpu_loop.DRY_LOOP
+    seconds, rounds = (60.0, 400) if ctx.cuda else (20.0, 30)
+    data: dict = {"shape": {k: (str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v)
+                            for k, v in dataclasses.asdict(shape).items()}}
+    parts = []
+    for reduced in (False, True):
+        name = f"reduced V_d={shape.draft_vocab}" if reduced else f"full V_d={shape.vocab}"
+        s = gpu_loop.run_loop(shape, reduced, ctx.cuda, min(seconds, max(1.0, ctx.time_left() / 4)), rounds,
+                              plant_stale=ctx.plant_stale)
+        data[name] = {"rounds": s.rounds, "ids_compared": s.compared, "near_ties": s.near_ties,
+                      "starts": s.starts, "batch_on_graph": sorted(s.batch_sizes), "mismatch": s.mismatch}
+        if s.mismatch:
+            note = " (stale rows planted by --plant-stale-rows)" if ctx.plant_stale else ""
+            return failed(f"{name}: {s.mismatch}{note}", data)
+        if not s.rounds:
+            return failed(f"{name}: no round ran (time budget)", data)
+        parts.append(f"{name}: {s.rounds} rounds, {s.compared} ids equal to the reference "
+                     f"({s.near_ties} at near-ties), {s.starts} starts, batch/graph {sorted(s.batch_sizes)}")
+        gc.collect()
+    times = {}
+    for batch in ((1, max(shape.batches)) if ctx.cuda else (2,)):
+        t = gpu_loop.time_heads(shape, batch, ctx.cuda)
+        times[f"B={batch}"] = {k: {"ms": v, "vs_full_head": v / t["full head"]} for k, v in t.items()}
+    data["times"] = times
+    timing = "; ".join(f"{b} ({shape.topk} rows/request): " + ", ".join(
+        f"{k} {v['ms']:.3f} ms ({v['vs_full_head']:.3f}x)" for k, v in t.items()) for b, t in times.items())
+    where_ = (f"CUDA graphs on a forward stream, {str(shape.dtype).removeprefix('torch.')}" if ctx.cuda
+              else "dry: CPU, float32, eager, no streams")
+    return passed(f"{where_}, V={shape.vocab} d={shape.dim} W={shape.w_max} graphs {list(shape.batches)}; "
+                  + "; ".join(parts) + f"; times vs the full head: {timing}", data)
 
 
 # -- 1. kernels_match ------------------------------------------------------------------------------------
@@ -754,33 +783,6 @@ def check_no_host_sync(ctx: Ctx) -> Outcome:
 # -- 5. head_timing ------------------------------------------------------------------------------------
 
 
-def gpu_median_ms(fn: Callable[[], object], reps: int = 50, warmup: int = 10) -> float:
-    """Median GPU time of fn in ms from CUDA events, with the GPU held busy while the host queues every
-    call, so the events time the kernels and not Python's launch overhead."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(reps)]
-    torch.cuda._sleep(SLEEP_CYCLES)
-    for a, b in events:
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in events)
-
-
-def cpu_median_ms(fn: Callable[[], object], reps: int = 7) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(1e3 * (time.perf_counter() - t))
-    return statistics.median(times)
-
-
 def policy_crossover(shape: Shape) -> str:
     """Smallest batch (one row per request, no overlap between vocabularies) for which
     nanospec.policy.choose_head picks the full head."""
@@ -920,6 +922,7 @@ def check_memory(ctx: Ctx) -> Outcome:
 
 CHECKS: list[tuple[str, Callable[[Ctx], Outcome]]] = [
     ("imports", check_imports),
+    ("loop", check_loop),
     ("kernels_match", check_kernels),
     ("cuda_graph_heads", check_cuda_graphs),
     ("side_stream_race", check_side_stream_race),
@@ -942,7 +945,8 @@ def run_check(fn: Callable[[Ctx], Outcome], ctx: Ctx) -> Outcome:
         gc.collect()
         if ctx.cuda:
             torch.cuda.empty_cache()
-    out.detail += f" [{time.monotonic() - t0:.1f} s]"
+    out.seconds = time.monotonic() - t0
+    out.detail += f" [{out.seconds:.1f} s]"
     return out
 
 
@@ -963,18 +967,41 @@ def header(ctx: Ctx) -> str:
             f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', 'unset')}")
 
 
-def run(checks: list[tuple[str, Callable[[Ctx], Outcome]]], ctx: Ctx, emit: Callable[[str], None]) -> int:
-    """Run the checks, emitting the header, one line per check and a summary; 1 if any FAILed."""
+def run(checks: list[tuple[str, Callable[[Ctx], Outcome]]], ctx: Ctx, emit: Callable[[str], None],
+        results: dict | None = None) -> int:
+    """Run the checks, emitting the header, one line per check and a summary; 1 if any FAILed.
+    ``results`` (if given) receives the header, each check's outcome and the summary."""
     t0 = time.monotonic()
-    emit(header(ctx))
+    head = header(ctx)
+    emit(head)
     counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
+    outcomes = {}
     for name, fn in checks:
         out = run_check(fn, ctx)
         counts[out.status] += 1
+        outcomes[name] = out
         emit(f"{out.status} {name}: {out.detail}")
-    emit(f"gpu_check: {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['SKIP']} SKIP in "
-         f"{time.monotonic() - t0:.1f} s")
+    summary = (f"gpu_check: {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['SKIP']} SKIP in "
+               f"{time.monotonic() - t0:.1f} s")
+    emit(summary)
+    if results is not None:
+        results.update(header=head, summary=summary,
+                       checks={n: dataclasses.asdict(o) for n, o in outcomes.items()})
     return 1 if counts["FAIL"] else 0
+
+
+def markdown(results: dict) -> str:
+    """The Markdown report: header, one table row per check, the loop's times as a table."""
+    lines = ["# gpu_check", "", f"`{results['header']}`", "", results["summary"], "",
+             "| check | status | seconds | detail |", "|---|---|---|---|"]
+    for name, o in results["checks"].items():
+        lines.append(f"| {name} | {o['status']} | {o['seconds']:.1f} | {o['detail'].replace('|', '/')} |")
+    times = results["checks"].get("loop", {}).get("data", {}).get("times", {})
+    for batch, t in times.items():
+        lines += ["", f"Loop check times, {batch} (ms; ratio to the full head):", "",
+                  "| part | ms | vs full head |", "|---|---|---|"]
+        lines += [f"| {k} | {v['ms']:.4f} | {v['vs_full_head']:.3f} |" for k, v in t.items()]
+    return "\n".join(lines) + "\n"
 
 
 def interpreter_on() -> bool:
@@ -992,12 +1019,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     names = [n for n, _ in CHECKS]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dry", action="store_true", help="CPU-only reduced run (automatic without CUDA)")
-    p.add_argument("--out", type=Path, help="also write the lines to this file")
+    p.add_argument("--out", type=Path, help="directory for gpu_check.json and gpu_check.md (and .txt lines)")
     p.add_argument("--only", type=lambda s: s.split(","), default=names,
                    help=f"comma-separated subset of {names}")
-    p.add_argument("--budget", type=float, default=420.0, help="seconds; later checks SKIP once used up")
+    p.add_argument("--budget", type=float, default=420.0,
+                   help="seconds (default keeps a GPU run under 8 minutes); later checks SKIP once used up")
     p.add_argument("--inject-fault", action="store_true",
                    help="self-test: corrupt the PyTorch twin's state once so that kernels_match must FAIL")
+    p.add_argument("--plant-stale-rows", action="store_true",
+                   help="self-test: the loop's gathers skip every other row; the loop check must FAIL")
     p.add_argument("--narrow-rows", action="store_true",
                    help="kernels_match leaves out rows with more distinct candidates than W (in-step "
                         "eviction; only tiny windows see them in serving)")
@@ -1019,21 +1049,25 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)  # small sizes; keeps a shared CPU usable
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 references must be float32
     ctx = Ctx(cuda=cuda, interpret=interpreter_on(), inject_fault=args.inject_fault,
-              wide_rows=not args.narrow_rows, deadline=time.monotonic() + args.budget)
+              plant_stale=args.plant_stale_rows, wide_rows=not args.narrow_rows,
+              deadline=time.monotonic() + args.budget)
     checks = [(n, fn) for n, fn in CHECKS if n in args.only]
-    sink: IO[str] | None = args.out.open("w", encoding="utf-8") if args.out else None
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu_check.txt").write_text("")
+    results: dict = {}
 
     def emit(line: str) -> None:
         print(line, flush=True)
-        if sink is not None:  # line by line: a run cut short still leaves its lines
-            sink.write(line + "\n")
-            sink.flush()
+        if args.out:  # line by line: a run cut short still leaves its lines
+            with (args.out / "gpu_check.txt").open("a", encoding="utf-8") as f:
+                f.write(line + "\n")
 
-    try:
-        return run(checks, ctx, emit)
-    finally:
-        if sink is not None:
-            sink.close()
+    rc = run(checks, ctx, emit, results)
+    if args.out:
+        (args.out / "gpu_check.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+        (args.out / "gpu_check.md").write_text(markdown(results))
+    return rc
 
 
 if __name__ == "__main__":
