@@ -146,6 +146,9 @@ def test_methods_map_to_algorithms_drafts_and_plugin_settings(tmp_path):
     assert ms["eagle3"].env == timed and ms["eagle3-static"].env == timed
     assert ms["eagle3-static"].args[3] == str(tmp_path / "s") and ms["eagle3-static"].args[-2:] == spec
     assert ms["nanospec"].args[1] == "NANOSPEC" and ms["nanospec"].env == timed
+    # NANOSPEC over the static head: the dynamic vocabulary intersected with the static rows
+    assert ms["nanospec-static"].args[1] == "NANOSPEC"
+    assert ms["nanospec-static"].args[3] == str(tmp_path / "s")
     assert ms["nanospec-context"].env == {**timed, "NANOSPEC_SOURCES": "context"}
     assert ms["nanospec-extension"].env == {**timed, "NANOSPEC_SOURCES": "extension"}
     assert ms["nanospec-indexed"].env == {**timed, "NANOSPEC_GATHER": "indexed"}
@@ -349,7 +352,7 @@ def test_make_tiny_run_benchmarks_the_tiny_pair_and_says_how_the_static_head_was
     assert meta["make_tiny"] == {"dir": str(tmp_path / "tiny"), "vocab": 512, "hidden": 64}
     assert "own prompts" in meta["static_head"] and meta["draft"] == str(draft)
     printed = capsys.readouterr().out
-    assert "eagle3-static: static top-64 head chosen from the benchmark's own prompts" in printed
+    assert "static draft: static top-64 head chosen from the benchmark's own prompts" in printed
     assert "| **overall** | nanospec |" in printed and "| 30.00 | 3.00x |" in printed
     assert "draft step 30.00 ms" in printed
 

@@ -43,8 +43,11 @@ from nanospec import draft_format as fmt
 from nanospec.bench.server import Server
 from nanospec.data import load_questions, packaged_questions
 
-ALL_METHODS = ("ar", "eagle3", "eagle3-static", "nanospec", "nanospec-context", "nanospec-extension",
-               "nanospec-indexed")
+ALL_METHODS = ("ar", "eagle3", "eagle3-static", "nanospec", "nanospec-static", "nanospec-context",
+               "nanospec-extension", "nanospec-indexed")
+# Methods served with the static top-N draft: EAGLE3 over it (FR-Spec) and NANOSPEC over it (the dynamic
+# vocabulary intersected with the static head's rows).
+STATIC_METHODS = ("eagle3-static", "nanospec-static")
 DEFAULT_METHODS = "ar,eagle3,eagle3-static,nanospec"
 # Plugin settings of the ablation methods (seed paper, Table 5); "nanospec" is both sources, async gather.
 ABLATION_ENV = {"nanospec": {}, "nanospec-context": {"NANOSPEC_SOURCES": "context"},
@@ -246,7 +249,7 @@ def write_results(summary: dict, runs: list[dict], meta: dict, out: Path) -> lis
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "specbench.json", out / "specbench.md", out / "specbench.png"]
     paths[0].write_text(json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1))
-    notes = [f"eagle3-static: {meta['static_head']}"] if meta.get("static_head") else []
+    notes = [f"static draft: {meta['static_head']}"] if meta.get("static_head") else []
     paths[1].write_text(markdown(summary, notes))
     plot(summary, paths[2], f"{Path(meta['target']).name}, {meta['questions']}")
     return paths
@@ -305,7 +308,7 @@ def prompt_static_draft(draft: Path, top_n: int, out: Path, counts) -> Path:
 
 def choose_static_draft(a: argparse.Namespace, tokenizer, questions: list[dict],
                         work: Path) -> tuple[Path, str]:
-    """The eagle3-static draft and how its head was chosen (printed and kept in the JSON meta)."""
+    """The static top-N draft and how its head was chosen (printed and kept in the JSON meta)."""
     if a.static_draft:
         return a.static_draft, "given (--static-draft)"
     vocab = json.loads((a.draft / "config.json").read_text())["vocab_size"]
@@ -327,7 +330,7 @@ def make_methods(names: list[str], draft: Path | None, static: Path | None,
         if name == "ar":
             methods.append(Method(name))
             continue
-        path = static if name == "eagle3-static" else draft
+        path = static if name in STATIC_METHODS else draft
         algo = "EAGLE3" if name.startswith("eagle3") else "NANOSPEC"
         args = ["--speculative-algorithm", algo, "--speculative-draft-model-path", str(path), *spec_args]
         methods.append(Method(name, args, {**TIME_DRAFT_ENV, **ABLATION_ENV.get(name, {})}))
@@ -337,8 +340,8 @@ def make_methods(names: list[str], draft: Path | None, static: Path | None,
 def check_drafts(a: argparse.Namespace, target: str | Path) -> None:
     """Stop before any server starts when a draft the methods need is missing, truncated or made for
     another target (vocabulary or hidden size; checked when ``target`` is a local directory)."""
-    needed = [("--draft", a.draft)] if any(m not in ("ar", "eagle3-static") for m in a.methods) else []
-    if "eagle3-static" in a.methods:
+    needed = [("--draft", a.draft)] if any(m not in ("ar", *STATIC_METHODS) for m in a.methods) else []
+    if set(STATIC_METHODS) & set(a.methods):
         needed.append(("--static-draft", a.static_draft) if a.static_draft else ("--draft", a.draft))
     for flag, path in needed:
         try:
@@ -404,7 +407,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if a.target is None:
         ap.error("give --target (and --draft), or --make-tiny DIR")
     if any(m != "ar" for m in a.methods) and a.draft is None and not (
-            set(a.methods) <= {"ar", "eagle3-static"} and a.static_draft):
+            set(a.methods) <= {"ar", *STATIC_METHODS} and a.static_draft):
         ap.error("speculative methods need --draft (a full-vocabulary EAGLE-3 draft directory)")
     return a
 
@@ -434,9 +437,9 @@ def run(a: argparse.Namespace, tokenizer=None) -> tuple[dict, list[dict], list[P
     dtype = a.dtype or ("float32" if device == "cpu" else "auto")
     static, static_head = a.static_draft, None
     work = a.work_dir or a.out / "work"
-    if "eagle3-static" in a.methods:
+    if set(STATIC_METHODS) & set(a.methods):
         static, static_head = choose_static_draft(a, tokenizer, questions, work)
-        print(f"[specbench] eagle3-static: {static_head} ({static})", flush=True)
+        print(f"[specbench] static draft: {static_head} ({static})", flush=True)
     spec = ["--speculative-num-steps", str(a.spec_steps), "--speculative-eagle-topk", str(a.spec_topk),
             "--speculative-num-draft-tokens", str(a.spec_draft_tokens)]
     env = {"OMP_NUM_THREADS": str(a.threads)} if a.threads else {}

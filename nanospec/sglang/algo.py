@@ -13,6 +13,8 @@ from pathlib import Path
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from nanospec.sglang import seam
+from nanospec.sglang.drafts import check_draft
+from nanospec.sglang.flags import check_flags
 from nanospec.sglang.settings import check_against_model, load_settings
 
 logger = logging.getLogger(__name__)
@@ -114,7 +116,16 @@ def validate_server_args(server_args) -> None:
                          "probabilities live on the packed vocabulary")
     if getattr(server_args, "speculative_adaptive", False):
         raise ValueError("NANOSPEC does not support --speculative-adaptive")
-    vocab = _read_config(server_args.model_path).get("vocab_size")
+    check_flags(server_args)  # paths that would trace or capture the plugin's hooks
+    target = _read_config(server_args.model_path)
+    draft = Path(server_args.speculative_draft_model_path)
+    if draft.is_dir() and target.get("vocab_size") and target.get("hidden_size"):
+        info = check_draft(draft, target, target_name=server_args.model_path,
+                           token_map=getattr(server_args, "speculative_token_map", None))
+        logger.info("NANOSPEC draft: %s", info.describe())
+    else:  # a hub name, resolved by SGLang later: NanoSpec cannot read its files here
+        logger.info("NANOSPEC draft %s is not a local directory: its layout is checked at load", draft)
+    vocab = target.get("vocab_size")
     topk = server_args.speculative_eagle_topk or DEFAULT_TREE["speculative_eagle_topk"]
     if vocab:
         check_against_model(settings, vocab_size=int(vocab), eagle_topk=int(topk))
