@@ -342,7 +342,10 @@ def run_loop(shape: LoopShape, reduced: bool, cuda: bool, seconds: float, max_ro
         prop.dv.head.ops = SkipGather(prop.dv.head.ops)
     w32 = w.float()
     stats, live, t0 = LoopStats(), [], time.monotonic()
-    fwd = torch.cuda.Stream() if cuda else None
+    fwd = None
+    if cuda:  # SGLang's scheduler runs its forward passes on a stream of its own
+        fwd = torch.cuda.Stream()
+        fwd.wait_stream(torch.cuda.current_stream())  # the weights and buffers made on this one
     with torch.cuda.stream(fwd) if cuda else contextlib.nullcontext():
         drafter = Drafter(prop, shape, seed + 1)
         traffic = Traffic(prop, shape, w, seed + 2)

@@ -181,8 +181,11 @@ def logits(
         return out
     G = N // B
     block_g = min(ROWS_PER_PROGRAM, max(16, triton.next_power_of_2(G)))  # tl.dot needs >= 16
-    # Narrower column tiles at small batches: more programs to spread over the SMs.
-    block_w = 64 if B * triton.cdiv(W, 64) >= 256 else 32
+    # Narrower column tiles at small batches: enough programs that every SM reads its share.
+    blocks = B * triton.cdiv(G, block_g)
+    block_w = 64
+    while block_w > 16 and blocks * triton.cdiv(W, block_w) < 512:
+        block_w //= 2
     block_d = max(16, min(128, triton.next_power_of_2(D)))
     stride_r = rows.stride(0) if indexed else rows.stride(1)
     fp32 = hidden.dtype == torch.float32
