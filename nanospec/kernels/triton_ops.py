@@ -181,10 +181,11 @@ def logits(
         return out
     G = N // B
     block_g = min(ROWS_PER_PROGRAM, max(16, triton.next_power_of_2(G)))  # tl.dot needs >= 16
-    # Narrower column tiles at small batches: enough programs that every SM reads its share.
+    # Narrower column tiles at small batches: enough programs that every SM reads its share. (A
+    # column's sum does not depend on the tile width; the interpreter takes the fewest programs.)
     blocks = B * triton.cdiv(G, block_g)
-    block_w = 64
-    while block_w > 16 and blocks * triton.cdiv(W, block_w) < 512:
+    block_w = 128 if _INTERPRETED else 64
+    while block_w > 16 and blocks * triton.cdiv(W, block_w) < 512 and not _INTERPRETED:
         block_w //= 2
     block_d = max(16, min(128, triton.next_power_of_2(D)))
     stride_r = rows.stride(0) if indexed else rows.stride(1)
