@@ -154,10 +154,11 @@ def reference_ids(prop: Proposer, w32: torch.Tensor, hidden: torch.Tensor, slots
     """The eager reference: (target ids [N, k] of the top-k of the full float32 head restricted to each
     row's slot's active draft rows, the restricted logits [N, V_d]); slots [N] one per row."""
     logits = hidden.float() @ w32.T
-    active = torch.zeros_like(logits, dtype=torch.bool)
+    v_d = logits.shape[1]
+    active = torch.zeros(logits.shape[0], v_d + 1, dtype=torch.bool, device=logits.device)
     toks = prop.dv.column_tokens()[slots].long()
-    active.scatter_(1, toks.clamp_min(0), toks >= 0)
-    logits = logits.masked_fill_(~active, float("-inf"))
+    active.scatter_(1, torch.where(toks >= 0, toks, v_d), True)  # free columns mark the spare column
+    logits = logits.masked_fill_(~active[:, :v_d], float("-inf"))
     rows = logits.topk(k, dim=-1).indices
     return (rows if prop.hot is None else prop.hot[rows]), logits
 
