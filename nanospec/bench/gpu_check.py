@@ -349,13 +349,17 @@ def check_loop(ctx: Ctx) -> Outcome:
     step's ids against the reference; then the head times as ratios to the full head."""
     shape = gpu_loop.LLAMA3_LOOP if ctx.cuda else gpu_loop.DRY_LOOP
     seconds, rounds = (45.0, 400) if ctx.cuda else (20.0, 30)  # per vocabulary
+    # Dry, under the interpreter: the Triton kernels (those the GPU runs) in the loop, fewer rounds.
+    backend = "triton" if ctx.interpret and not ctx.cuda else "auto"
+    if backend == "triton":
+        rounds = 12
     data: dict = {"shape": {k: (str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v)
                             for k, v in dataclasses.asdict(shape).items()}}
     parts = []
     for reduced in (False, True):
         name = f"reduced V_d={shape.draft_vocab}" if reduced else f"full V_d={shape.vocab}"
         s = gpu_loop.run_loop(shape, reduced, ctx.cuda, min(seconds, max(1.0, ctx.time_left() / 4)), rounds,
-                              plant_stale=ctx.plant_stale)
+                              plant_stale=ctx.plant_stale, backend=backend)
         data[name] = {"rounds": s.rounds, "ids_compared": s.compared, "near_ties": s.near_ties,
                       "starts": s.starts, "batch_on_graph": sorted(s.batch_sizes), "mismatch": s.mismatch}
         if s.mismatch:
@@ -374,7 +378,7 @@ def check_loop(ctx: Ctx) -> Outcome:
     timing = "; ".join(f"{b} ({shape.topk} rows/request): " + ", ".join(
         f"{k} {v['ms']:.3f} ms ({v['vs_full_head']:.3f}x)" for k, v in t.items()) for b, t in times.items())
     where_ = (f"CUDA graphs on a forward stream, {str(shape.dtype).removeprefix('torch.')}" if ctx.cuda
-              else "dry: CPU, float32, eager, no streams")
+              else f"dry: CPU, float32, eager, no streams, {backend} kernels")
     return passed(f"{where_}, V={shape.vocab} d={shape.dim} W={shape.w_max} graphs {list(shape.batches)}; "
                   + "; ".join(parts) + f"; times vs the full head: {timing}", data)
 

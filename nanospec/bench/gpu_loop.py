@@ -328,9 +328,9 @@ class SkipGather:
 
 
 def run_loop(shape: LoopShape, reduced: bool, cuda: bool, seconds: float, max_rounds: int,
-             plant_stale: bool = False, seed: int = 0) -> LoopStats:
-    """Drive one Proposer (full or reduced draft vocabulary) through rounds until ``seconds`` or
-    ``max_rounds``; stats.mismatch names the first difference."""
+             plant_stale: bool = False, seed: int = 0, backend: str = "auto") -> LoopStats:
+    """Drive one Proposer (full or reduced draft vocabulary; kernels of ``backend``) through rounds
+    until ``seconds`` or ``max_rounds``; stats.mismatch names the first difference."""
     dev = torch.device("cuda" if cuda else "cpu")
     v_d = shape.draft_vocab if reduced else shape.vocab
     w = make_weight(v_d, shape.dim, shape.dtype, dev, seed)
@@ -338,7 +338,7 @@ def run_loop(shape: LoopShape, reduced: bool, cuda: bool, seconds: float, max_ro
     if reduced:
         hot = torch.randperm(shape.vocab, generator=torch.Generator().manual_seed(seed))[:v_d].sort().values
     prop = Proposer(w, shape.slots, NanoSpecConfig(w_max=shape.w_max), head="packed", hot=hot,
-                    target_vocab=shape.vocab)
+                    target_vocab=shape.vocab, backend=backend)
     if plant_stale:
         prop.dv.head.ops = SkipGather(prop.dv.head.ops)
     w32 = w.float()
