@@ -35,8 +35,13 @@ NEW = 24
 TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
         "--speculative-num-draft-tokens", "4"]
 NANO_ENV = {"NANOSPEC_HEAD": "packed", "NANOSPEC_W_MAX": "256"}
-# Answer in the prompt; answer absent and wrapping past the vocabulary's end; two texts.
-MIXED = [list(range(100, 140)) + [99], PROMPTS[2], list(range(480, V)) + [479], PROMPTS[4]]
+# The agreeing draft's answer to token t is t + 1. NANOSPEC can propose it only once it is in the
+# request's vocabulary (the prompt, the target's top-k), so the acceptance comparison uses prompts that
+# hold their own continuation (a chain, one across the vocabulary's end): there the heads are compared,
+# not the vocabularies. The text prompts, whose continuation is new, check losslessness only.
+IN_CONTEXT = [list(range(100, 140)) + [99], list(range(490, V)) + list(range(0, 20)) + [489],
+              list(range(300, 340)) + [299]]
+MIXED = IN_CONTEXT + [PROMPTS[2], PROMPTS[4]]
 # A reduced head keeps 3 ids of every 4: the chains above cross ids it cannot propose.
 KEEP = torch.tensor([i for i in range(V) if i % 4 != 3])
 
@@ -105,8 +110,9 @@ def served(request, root, tmp_path_factory):
     return name, plain, own, alone, together
 
 
-def _accept(responses) -> float:
-    return sum(r["meta_info"]["spec_accept_length"] for r in responses) / len(responses)
+def _accept(responses) -> list[float]:
+    """Accept length of each in-context prompt's response."""
+    return [r["meta_info"]["spec_accept_length"] for r in responses[:len(IN_CONTEXT)]]
 
 
 def test_every_layout_is_served_losslessly_by_sglang_and_nanospec(served):
@@ -118,9 +124,9 @@ def test_every_layout_is_served_losslessly_by_sglang_and_nanospec(served):
 
 def test_nanospec_accepts_at_least_97_percent_of_sglangs_own_algorithm(served):
     name, _, own, alone, together = served
-    assert _accept(own) > 1.5, f"{name}: the agreeing draft is not accepted by SGLang itself"
-    assert _accept(alone) >= 0.97 * _accept(own), (name, _accept(alone), _accept(own))
-    assert _accept(together) >= 0.97 * _accept(own), (name, _accept(together), _accept(own))
+    assert min(_accept(own)) > 2.0, f"{name}: the agreeing draft is not accepted by SGLang itself"
+    for mine in (_accept(alone), _accept(together)):
+        assert all(a >= 0.97 * b for a, b in zip(mine, _accept(own), strict=True)), (name, mine, _accept(own))
     for r in alone + together:
         assert 0 < r["meta_info"]["nanospec_mean_active_vocab"] <= 256
 
