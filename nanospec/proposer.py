@@ -196,9 +196,10 @@ class Proposer:
         """Order the current stream after pending side-stream gathers (before a graph replay)."""
         self.dv.wait_gathers()
 
-    def logits(self, hidden: torch.Tensor, reqs: torch.Tensor) -> DraftLogits:
+    def logits(self, hidden: torch.Tensor, reqs: torch.Tensor, kind: str | None = None) -> DraftLogits:
         """Draft logits of hidden [N, d] whose rows belong, N // B consecutive rows each, to the B
-        requests (slots) reqs [B] int64; with their column map (``DraftLogits``)."""
+        requests (slots) reqs [B] int64; with their column map (``DraftLogits``). kind: a head for
+        this call ("packed", "union" or "full") instead of ``choose``'s."""
         n, b = hidden.shape[0], reqs.shape[0]
         if b == 0 or n == 0:
             empty = hidden.new_full((n, self.w_max), float("-inf"), dtype=torch.float32)
@@ -206,7 +207,7 @@ class Proposer:
         if n % b:
             raise ValueError(f"draft head got {n} rows for {b} requests; expected a multiple")
         hidden = hidden.to(self.weight.dtype)
-        kind = self.choose(b, n)
+        kind = self.choose(b, n) if kind is None else kind
         if capturing(hidden):
             self.capture_ratio = self.estimate.ratio
         self.calls[kind] += 1

@@ -218,9 +218,9 @@ def test_target_ids_outside_a_reduced_draft_vocabulary_are_dropped():
 
 
 def test_prefill_topk_matches_the_full_logits_in_chunks(monkeypatch):
-    import nanospec.sglang.runtime as rt
+    from nanospec.sglang import memory
 
-    monkeypatch.setattr(rt, "PREFILL_CHUNK_ROWS", 3)
+    monkeypatch.setattr(memory, "PREFILL_TOPK_BYTES", 3 * 40 * 4)  # chunks of 3 rows
     w, h = torch.randn(40, 8), torch.randn(7, 8)
     got = prefill_topk(h, lambda x: torch.cat([x @ w.T, torch.full((x.shape[0], 5), 1e9)], 1), 40, 3)
     assert torch.equal(got, (h @ w.T).topk(3, dim=-1).indices)

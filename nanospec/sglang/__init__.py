@@ -27,7 +27,7 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from nanospec.sglang import penalties, validate
+    from nanospec.sglang import memory, penalties, validate
     from nanospec.sglang.algo import NAME, NanoSpecAlgo, validate_server_args
     from nanospec.sglang.hooks import collapse_meta
 
@@ -42,6 +42,9 @@ def register() -> None:
     # Refuse unservable requests in the tokenizer process (HTTP 400), before the scheduler sees them.
     HookRegistry.register("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
                           validate.before_validate_one_request, HookType.BEFORE)
+    # NanoSpec's device memory comes out of the target's KV budget (memory.py); a no-op without the
+    # plan a NANOSPEC worker announces, so plain and EAGLE3 servers keep SGLang's sizing.
+    HookRegistry.register(memory.KV_BUDGET, memory.take_from_kv_budget, HookType.AFTER)
     if os.environ.get("NANOSPEC_TIME_DRAFT") == "1":
         from nanospec.sglang.telemetry import DraftTimer
 

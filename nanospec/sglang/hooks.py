@@ -16,6 +16,7 @@ import torch
 
 from nanospec.proposer import DraftLogits
 from nanospec.sglang import seam
+from nanospec.sglang.memory import extend_kind
 from nanospec.sglang.runtime import Runtime, prefill_topk
 
 META_KEY = "nanospec"
@@ -61,9 +62,11 @@ def install_draft_head(proc, runtime: Runtime, ids: IdMap) -> None:
     """Route the draft model's LM head through the proposer. proc: the draft's LogitsProcessor.
 
     Draft decode steps get packed-column logits; their column map waits in ``ids`` (SGLang's
-    ``hot_token_id``) for SGLang's lookup of their top-k. Draft-extend passes get logits scattered
-    into the vocabulary: SGLang keeps their top-k across scheduler iterations and batch changes, so
-    it must already be in vocabulary ids (seam table, ``_get_logits``).
+    ``hot_token_id``) for SGLang's lookup of their top-k. Draft-extend passes get logits over the
+    columns of ``extend_head`` ([N, W_max] float32 for the packed head, never [N, V]); SGLang keeps
+    their top-k across scheduler iterations and batch changes, so ``NanoSpecDraftWorker`` maps it to
+    vocabulary ids (``extend_token_ids``) as soon as the draft-extend returns (seam table,
+    ``_get_logits``).
     """
     original = proc.forward
     current: dict = {}  # the ForwardBatch of the forward call in progress (LogitsMetadata drops it)
@@ -79,14 +82,32 @@ def install_draft_head(proc, runtime: Runtime, ids: IdMap) -> None:
         fb = current.get("fb")
         if fb is None or not hasattr(fb, "req_pool_indices"):
             raise RuntimeError("NANOSPEC draft head called without a ForwardBatch: requests unknown")
-        out = runtime.proposer.logits(hidden_states, fb.req_pool_indices)
         if fb.forward_mode.is_decode():
+            out = runtime.proposer.logits(hidden_states, fb.req_pool_indices)
             ids.expect(out)
             return out.logits
-        return out.to_vocab()
+        return runtime.proposer.logits(hidden_states, fb.req_pool_indices,
+                                       kind=extend_head(runtime.proposer)).logits
 
     seam.patch(proc, "forward", forward, LOGITS_FORWARD)
     seam.patch(proc, "_get_logits", get_logits, LOGITS_GET)
+
+
+def extend_head(proposer) -> str:
+    """The head of every draft-extend pass: fixed per server, so that its column map is known after
+    the pass whether it ran eagerly or replayed a CUDA graph (which runs no Python of ours). The full
+    head when the vocabulary is no wider than the window (or the full head is forced), else packed."""
+    return extend_kind(proposer.forced, proposer.w_max, proposer.vocab)
+
+
+def extend_token_ids(proposer, reqs: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """Target ids [B, k] int64 of a draft-extend's top-k columns cols [B, k], one row per request of
+    reqs [B] (SGLang selects each request's last accepted row). A free column maps to 0, which
+    verification rejects like any wrong guess."""
+    table = proposer.dv.column_tokens() if extend_head(proposer) == "packed" else None
+    rows = reqs.long()
+    out = DraftLogits(cols, table, rows, proposer.hot, proposer.out_vocab, "extend")
+    return out.token_ids(cols)
 
 
 class IdMap:

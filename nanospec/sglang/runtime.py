@@ -13,19 +13,21 @@ import torch
 
 from nanospec import streams
 from nanospec.proposer import Proposer
+from nanospec.sglang.memory import prefill_chunk_rows
 from nanospec.sglang.settings import Settings
 from nanospec.sglang.telemetry import SlotStats
 
-PREFILL_CHUNK_ROWS = 1024  # rows of target logits materialised at once for the prefill top-k
-
 
 def prefill_topk(hidden: torch.Tensor, lm_head_fn, vocab: int, k: int) -> torch.Tensor:
-    """Top-k ids [T, k] of the target at every position of hidden [T, d], chunk by chunk so the
-    [T, V] logits never exist at once. lm_head_fn: hidden [t, d] -> logits [t, >= vocab]."""
+    """Top-k ids [T, k] of the target at every position of hidden [T, d], chunk by chunk so that at
+    most ``memory.prefill_chunk_rows(vocab)`` rows of logits exist at once (the bound NanoSpec
+    reserves). lm_head_fn: hidden [t, d] -> logits [t, >= vocab]."""
     out = torch.empty(hidden.shape[0], k, dtype=torch.long, device=hidden.device)
-    for s in range(0, hidden.shape[0], PREFILL_CHUNK_ROWS):
-        logits = lm_head_fn(hidden[s : s + PREFILL_CHUNK_ROWS])
-        out[s : s + PREFILL_CHUNK_ROWS] = logits[:, :vocab].topk(k, dim=-1).indices
+    step = prefill_chunk_rows(vocab)
+    for s in range(0, hidden.shape[0], step):
+        logits = lm_head_fn(hidden[s : s + step])
+        out[s : s + step] = logits[:, :vocab].topk(k, dim=-1).indices
+        del logits  # the next chunk's logits take its place, not its side
     return out
 
 

@@ -53,6 +53,8 @@ _REGISTERS = f"{_UNITS}::test_entry_point_registers_nanospec_with_sglang"
 _META = f"{_SERVER}::test_response_meta_info_reports_active_vocabulary_and_hit_rate"
 _IDMAP = f"{_UNITS}::test_id_map_maps_only_columns_of_the_last_draft_logits"
 _HEADS = f"{_UNITS}::test_each_head_proposes_the_best_token_of_its_vocabulary"
+_MEMORY = "tests/test_plugin_memory.py"
+_FLAGS = "tests/test_plugin_flags.py"
 
 
 class SeamError(RuntimeError):
@@ -127,6 +129,18 @@ SEAM: tuple[Touchpoint, ...] = (
     _row("sglang.srt.managers.utils.GenerationBatchResult", "api", "worker.NanoSpecWorker.verify",
          "the accepted path and the verify logits", _LOSSLESS,
          attrs=("accept_index", "accept_lens", "next_token_ids", "logits_output")),
+    _row("sglang.srt.server_args.ServerArgs", "api", "flags.check_flags, worker.plan_memory",
+         "launch flags that would trace or capture the plugin's hooks (refused); the request slots "
+         "and token map NanoSpec's memory plan is sized from", f"{_FLAGS}",
+         attrs=("enable_torch_compile", "cuda_graph_backend_prefill", "cuda_graph_config",
+                "max_running_requests", "speculative_token_map")),
+    _row("sglang.srt.runtime_context.get_schedule", "api", "worker.plan_memory",
+         "the resolved max running requests (SGLang's req_to_token rows are that + 1), read as "
+         "KVCacheConfigurator.resolve_max_num_reqs reads it", f"{_MEMORY}", params=()),
+    _row("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator", "api",
+         "memory.take_from_kv_budget",
+         "the target's configurator is the one whose budget NanoSpec's bytes leave", f"{_MEMORY}",
+         attrs=("is_draft_worker",)),
     # -- HookRegistry hooks -------------------------------------------------------------------
     _row(f"{_TM}.update_request_meta_info", "hook", "hooks.collapse_meta",
          "telemetry per-token copies become meta_info fields", _META,
@@ -146,6 +160,15 @@ SEAM: tuple[Touchpoint, ...] = (
     _row("sglang.srt.speculative.eagle_utils.eagle_sample", "hook", "penalties.exact_verify",
          "exact penalties per tree row", _SAMPLING,
          params=("verify_input", "batch", "logits_output"), hook_type="AROUND"),
+    _row("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",
+         "hook", "memory.take_from_kv_budget",
+         "NanoSpec's planned bytes (memory.MemoryPlan, announced by NanoSpecWorker.__init__ after the "
+         "draft loads) leave the target's KV budget (bytes: free memory less the mem-fraction slack) "
+         "before the pools are sized; the one function SGLang sizes the KV cache from on every device, "
+         "no public reserve exists (mm_runtime_reservation_gb is multimodal-only, the mem-fraction "
+         "default ignores a user's --mem-fraction-static); skips configurators with is_draft_worker",
+         f"{_MEMORY}::test_kv_pool_shrinks_by_what_nanospec_reserves_against_eagle3",
+         params=("self", "pre_model_load_memory"), hook_type="AFTER"),
     _row(f"{_EW}.EagleDraftWorker.draft", "hook", "telemetry.DraftTimer",
          "draft-step timing for the serving benchmark (NANOSPEC_TIME_DRAFT=1 only)",
          f"{_UNITS}::test_draft_timer_logs_median_and_mean_of_all_calls",
@@ -216,6 +239,13 @@ SEAM: tuple[Touchpoint, ...] = (
          "(also the cumulated_* tensors of the frequency, presence and repetition penalizers, in place)",
          _SAMPLING, attrs=("len_output_tokens",)),
     # -- replacements (not API) -----------------------------------------------------------------
+    _row("sglang.srt.speculative.eagle_info.EagleDraftInput", "private",
+         "worker.NanoSpecDraftWorker._draft_extend_for_decode, _draft_extend_for_prefill",
+         "draft-extend's top-k comes back over extend_head's columns (logits [N, W_max], not [N, V]); "
+         "it is rewritten to vocabulary ids right after the pass, before SGLang stores it across "
+         "scheduler iterations (no hook sits between its top-k and that store)",
+         f"{_MEMORY}::test_draft_extend_logits_span_the_window_and_map_to_each_requests_best_token",
+         attrs=("topk_index",)),
     _row(f"{_EW}.EAGLEWorkerV2._draft_worker", "replacement", "worker.NanoSpecWorker.__init__",
          "__class__ of the live draft worker becomes NanoSpecDraftWorker (a subclass adding no state "
          "before init_lm_head): EAGLEWorkerV2.__init__ builds EagleDraftWorker by name, no factory "

@@ -18,7 +18,7 @@ import logging
 import torch
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
-from nanospec.sglang import hooks, seam
+from nanospec.sglang import hooks, memory, seam
 from nanospec.sglang.runtime import Runtime
 from nanospec.sglang.settings import check_against_model, load_settings
 from nanospec.sglang.telemetry import LogSuffix
@@ -44,6 +44,31 @@ def reduced_vocab_map(hot: torch.Tensor | None, target_vocab: int) -> torch.Tens
     if hot.shape[0] >= target_vocab and torch.equal(hot[:target_vocab].cpu(), torch.arange(target_vocab)):
         return None
     return hot
+
+
+def plan_memory(server_args, draft_worker, target_worker) -> memory.MemoryPlan:
+    """NanoSpec's bytes for this server, before SGLang sizes the KV cache: slots are SGLang's
+    req_to_token rows (max running requests + 1 padding row; fewer if the KV cache caps the requests,
+    so this is an upper bound), the head is the loaded draft's (or the target's, which EAGLE drafts
+    share)."""
+    model = draft_worker.draft_runner.model
+    try:
+        weight = draft_head_weight(model)
+    except ValueError:  # no head of its own yet: SGLang binds the target's in init_lm_head
+        weight = draft_head_weight(target_worker.model_runner.model)
+    target_vocab = target_worker.model_config.vocab_size
+    reduced = (weight.shape[0] != target_vocab or getattr(model, "hot_token_id", None) is not None
+               or getattr(server_args, "speculative_token_map", None) is not None)
+    from sglang.srt.runtime_context import get_schedule
+
+    # The resolved value (the scheduler's server_args may hold the unresolved None): what SGLang's
+    # KVCacheConfigurator.resolve_max_num_reqs reads too.
+    running = get_schedule().max_running_requests or server_args.max_running_requests
+    if running is None:
+        raise ValueError("NANOSPEC needs a maximum number of running requests to size its state")
+    return memory.plan(slots=int(running) + 1, head=weight,
+                       settings=load_settings(), target_vocab=target_vocab, reduced=reduced,
+                       draft_tokens=int(draft_worker.speculative_num_draft_tokens))
 
 
 GRAPH_RUNNER = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.cuda_graph_runner"
@@ -82,6 +107,11 @@ class NanoSpecDraftWorker(EagleDraftWorker):
         logger.info("NANOSPEC: %s; %d slots, vocabulary state %.1f MiB (%.1f KiB per slot), draft "
                     "head %s", settings.describe(), slots, mem["total"] / 2**20,
                     mem["per_request"] / 2**10, "reduced" if hot is not None else "full")
+        reserved = memory.announced()
+        logger.info("NANOSPEC memory: allocated %d bytes of persistent state; reserved %s bytes before "
+                    "the KV cache (persistent %s)", memory.allocated_bytes(self.nano, exclude=(weight, hot)),
+                    None if reserved is None else reserved.total,
+                    None if reserved is None else reserved.persistent_bytes)
 
     def draft_forward(self, forward_batch):
         self.hot_token_id.clear()  # the incoming top-k come from draft-extend: vocabulary ids
@@ -102,7 +132,13 @@ class NanoSpecDraftWorker(EagleDraftWorker):
         n = len(batch.seq_lens)
         with graphs_unless_stale(self, "cuda_graph_runner_for_draft_extend", self.nano.proposer, n,
                                  n * self.speculative_num_draft_tokens):
-            return super()._draft_extend_for_decode(batch, batch_result, **kwargs)
+            out = super()._draft_extend_for_decode(batch, batch_result, **kwargs)
+        nxt = getattr(batch_result, "next_draft_input", None)
+        if n and getattr(nxt, "topk_index", None) is not None:
+            # SGLang took the top-k over extend_head's columns: vocabulary ids from here on.
+            nxt.topk_index = hooks.extend_token_ids(self.nano.proposer, batch.req_pool_indices,
+                                                    nxt.topk_index)
+        return out
 
     def _draft_extend_for_prefill(self, batch, target_hidden_states, next_token_ids,
                                   mm_input_embeds=None, kv_loc_plan=None):
@@ -113,6 +149,9 @@ class NanoSpecDraftWorker(EagleDraftWorker):
                                                 mm_input_embeds, kv_loc_plan=kv_loc_plan)
         if live:
             self.nano.finish_prefill(batch)
+            if getattr(out, "topk_index", None) is not None:  # extend_head's columns -> vocabulary ids
+                out.topk_index = hooks.extend_token_ids(self.nano.proposer, batch.req_pool_indices,
+                                                        out.topk_index)
         return out
 
 
@@ -123,6 +162,9 @@ class NanoSpecWorker(EAGLEWorkerV2):
         if self._draft_worker is not None:
             # Same object, NanoSpec's methods: they take effect at alloc_memory_pool (init_lm_head).
             seam.patch(self._draft_worker, "__class__", NanoSpecDraftWorker, DRAFT_WORKER)
+            # The draft is loaded and the KV cache not yet sized: announce what init_lm_head will
+            # allocate, so that SGLang's KV budget leaves room for it (nanospec/sglang/memory.py).
+            memory.announce(plan_memory(server_args, self._draft_worker, target_worker))
 
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
         verify_input = batch.spec_info
