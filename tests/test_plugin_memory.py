@@ -6,7 +6,7 @@ the same tiny pair with SGLang's defaults, whose KV pools differ by what NanoSpe
 
 The servers see a pinned free-memory figure (``tests/support/pinned_memory/sitecustomize.py``): SGLang
 sizes a CPU KV cache from free host memory, which other processes on a shared host move by more than
-NanoSpec's buffers. Runtime: two server starts, about 1-2 minutes on the shared 2-core host.
+NanoSpec's buffers. Runtime: two server starts, 3.5 minutes measured on the shared 2-core host.
 """
 
 from __future__ import annotations
