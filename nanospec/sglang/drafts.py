@@ -144,7 +144,8 @@ def check_draft(draft: str | Path, target_config: Mapping, *, target_name: str =
     if arch not in EAGLE3_ARCHS + EAGLE_ARCHS:
         raise DraftFormatError(
             f"{cfg_file}: architectures {archs!r} is not an EAGLE draft SGLang's EAGLE worker loads "
-            f"(one of {', '.join(EAGLE3_ARCHS + EAGLE_ARCHS)})")
+            f"(one of {', '.join(EAGLE3_ARCHS + EAGLE_ARCHS)}; SGLang picks the draft's class by this "
+            f"field, so an EAGLE draft saved as a plain LlamaForCausalLM needs it renamed)")
     eagle3 = arch in EAGLE3_ARCHS
     fmt.check_target(config, target_config, cfg_file, target_name)
     vocab, hidden = int(target_config["vocab_size"]), int(target_config["hidden_size"])
