@@ -27,6 +27,7 @@ METHOD_LABELS = {
     "eagle3": "EAGLE3",
     "eagle3-static": "EAGLE3, static top-32k head",
     "nanospec": "NANOSPEC",
+    "nanospec-static": "NANOSPEC over the static top-32k head",
     "nanospec-context": "NANOSPEC, context only",
     "nanospec-extension": "NANOSPEC, extension only",
     "nanospec-indexed": "NANOSPEC, indexed gather",
@@ -230,28 +231,32 @@ def coverage_block(results: Path, entries: list[dict[str, Any]]) -> tuple[str, C
 
 
 def mtbench_block(results: Path, entries: list[dict[str, Any]]) -> tuple[str, Chart | None]:
-    """specbench.json per target: AR, EAGLE3, static head, NANOSPEC, overall."""
+    """specbench.json per target: AR, EAGLE3, static head, NANOSPEC, overall. A record's ``labels``
+    renames its methods (a static head of another size)."""
+    if isinstance(entries, dict):
+        entries = [entries]
     rows, series = [], {}
-    for entry in entries:
+    for k, entry in enumerate(entries):
         path = results / entry["path"]
         overall = specbench_overall(path)
         eagle = overall.get("eagle3", {}).get("tok_s")
         target = entry.get("label", path.parent.name)
+        labels = {**METHOD_LABELS, **entry.get("labels", {})}
         for i, (m, s) in enumerate(overall.items()):
             tok_s = field(s, path, "tok_s")
-            rows.append([target if i == 0 else "", METHOD_LABELS.get(m, m), num(tok_s),
+            rows.append([target if i == 0 else "", labels.get(m, m), num(tok_s),
                          num(field(s, path, "speedup"), 2, "x"),
                          num(tok_s / eagle, 2, "x") if eagle and m != "ar" else "-",
                          num(s.get("accept")), num(s.get("active_vocab"), 0), yes(field(s, path, "equal_ar")),
                          num(s.get("draft_ms"))])
-            series.setdefault(METHOD_LABELS.get(m, m), []).append(field(s, path, "speedup"))
+            series.setdefault(labels.get(m, m), [None] * len(entries))[k] = field(s, path, "speedup")
     md = table(["target", "method", "tok/s", "speed-up vs AR", "vs EAGLE3", "accepted / step",
                 "mean active vocab", "= AR", "draft step ms"], rows)
     targets = [e.get("label", Path(e["path"]).parent.name) for e in entries]
 
     def chart(out: Path) -> None:
         bars(out, targets, series, "speed-up over AR (tok/s)",
-             "MT-bench through the SGLang server, CPU, same draft for every method", ref=1.0)
+             "MT-bench through the SGLang server, CPU", ref=1.0)
     return md, chart
 
 
@@ -365,6 +370,7 @@ BLOCKS: dict[str, tuple[Callable[..., tuple[str, Chart | None]], list[str]]] = {
     "head": (head_block, ["head"]),
     "coverage": (coverage_block, ["coverage_smollm2", "coverage_qwen"]),
     "mtbench": (mtbench_block, ["mtbench_smollm2", "mtbench_qwen"]),
+    "reduced": (mtbench_block, ["reduced_smollm2_32k", "reduced_smollm2_8k"]),
     "trees": (trees_block, ["trees_smollm2"]),
     "ablation": (ablation_block, ["ablation_smollm2"]),
     "cpu_costs": (cpu_costs_block, ["cpu_costs"]),
@@ -390,14 +396,15 @@ def save(fig: Any, out: Path) -> None:
     pyplot().close(fig)
 
 
-def bars(out: Path, groups: list[str], series: dict[str, list[float]], ylabel: str, title: str,
+def bars(out: Path, groups: list[str], series: dict[str, list[float | None]], ylabel: str, title: str,
          ref: float | None = None) -> None:
+    """Grouped bars: series[label][g] is the bar of group g (None: no bar there)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) * max(1, len(series)) / 2), 3.8))
     width = 0.8 / len(series)
     for i, (label, values) in enumerate(series.items()):
-        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(values))]
-        ax.bar(xs, values, width, label=label)
+        xs = [g + (i - (len(series) - 1) / 2) * width for g, v in enumerate(values) if v is not None]
+        ax.bar(xs, [v for v in values if v is not None], width, label=label)
     many = len(groups) > 4
     ax.set_xticks(range(len(groups)), groups, rotation=30 if many else 0, ha="right" if many else "center",
                   fontsize=8)
@@ -407,7 +414,7 @@ def bars(out: Path, groups: list[str], series: dict[str, list[float]], ylabel: s
     ax.set_title(title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     if len(series) > 1:  # room above the bars for the legend
-        ax.set_ylim(0, 1.3 * max(max(v) for v in series.values()))
+        ax.set_ylim(0, 1.3 * max(v for vs in series.values() for v in vs if v is not None))
         ax.legend(fontsize=8, ncol=2, loc="upper center")
     save(fig, out)
 
