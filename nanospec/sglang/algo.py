@@ -124,7 +124,8 @@ def validate_server_args(server_args) -> None:
                            token_map=getattr(server_args, "speculative_token_map", None))
         logger.info("NANOSPEC draft: %s", info.describe())
     else:  # a hub name, resolved by SGLang later: NanoSpec cannot read its files here
-        logger.info("NANOSPEC draft %s is not a local directory: its layout is checked at load", draft)
+        logger.info("NANOSPEC draft %s is not a local directory: its files cannot be checked before "
+                    "SGLang fetches them", draft)
     vocab = target.get("vocab_size")
     topk = server_args.speculative_eagle_topk or DEFAULT_TREE["speculative_eagle_topk"]
     if vocab:
