@@ -89,8 +89,8 @@ def to_draft_space(tokens: torch.Tensor, valid: torch.Tensor,
     draft cannot emit are masked out."""
     if t2d is None:
         return tokens, valid
-    rows = t2d[tokens.clamp(0, t2d.shape[0] - 1)]
-    return rows.clamp_min(0), valid & (rows >= 0) & (tokens >= 0) & (tokens < t2d.shape[0])
+    rows = draft_rows(tokens, t2d)
+    return rows.clamp_min(0), valid & (rows >= 0)
 
 
 def draft_rows(tokens: torch.Tensor, t2d: torch.Tensor | None) -> torch.Tensor:

@@ -159,8 +159,7 @@ def _bad_drafts(root: Path) -> dict[str, tuple[Path, str]]:
     state = load_file(str(short_d2t / "model.safetensors"))
     state["d2t"] = state["d2t"][:-10].clone()
     save_file(state, str(short_d2t / "model.safetensors"), metadata={"format": "pt"})
-    other = make_target(root / "bad_other_target", "llama", vocab_size=V)
-    cfg = json.loads((other / "config.json").read_text())
+    cfg = json.loads((target / "config.json").read_text())
     small = root / "bad_hidden_target"
     if not small.exists():
         from nanospec.testing import make_tiny_llama

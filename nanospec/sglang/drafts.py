@@ -52,9 +52,33 @@ class DraftInfo:
         return f"{self.arch} ({kind}, {head}; {self.weights})"
 
 
-def weight_shapes(draft: Path) -> tuple[dict[str, tuple[int, ...]], str]:
-    """(name -> shape of every weight, the file(s) read) of the draft directory ``draft``, from
-    safetensors headers (one file or an index of shards) or a memory-mapped ``pytorch_model.bin``."""
+@dataclass(frozen=True)
+class Checkpoint:
+    """A draft directory's weights as stored: the shape of every tensor, where they are (for messages),
+    and what reads one tensor: its safetensors file, or the memory-mapped ``pytorch_model.bin`` state."""
+
+    shapes: dict[str, tuple[int, ...]]
+    where: str
+    files: dict[str, Path]
+    state: dict | None
+
+    def find(self, name: str) -> str | None:
+        """The checkpoint key for ``name`` (published drafts prefix some keys with ``model.``)."""
+        return next((k for k in (name, f"model.{name}") if k in self.shapes), None)
+
+    def read(self, key: str) -> torch.Tensor:
+        """One tensor (a small one: ``d2t``)."""
+        if self.state is not None:
+            return self.state[key]
+        from safetensors import safe_open
+
+        with safe_open(str(self.files[key]), "pt") as sf:
+            return sf.get_tensor(key)
+
+
+def read_checkpoint(draft: Path) -> Checkpoint:
+    """The weights of the draft directory ``draft``: safetensors headers (one file or an index of
+    shards), else a memory-mapped ``pytorch_model.bin``; DraftFormatError naming the file otherwise."""
     from safetensors import safe_open
 
     files = [draft / fmt.WEIGHTS_NAME] if (draft / fmt.WEIGHTS_NAME).is_file() else []
@@ -65,50 +89,28 @@ def weight_shapes(draft: Path) -> tuple[dict[str, tuple[int, ...]], str]:
             raise DraftFormatError(f"{draft / INDEX_NAME}: not a safetensors index ({e})") from e
         files = [draft / name for name in sorted(set(weight_map.values()))]
     if files:
-        shapes = {}
+        shapes, where_of = {}, {}
         for f in files:
             try:
                 with safe_open(str(f), "pt") as sf:
                     for name in sf.keys():
                         shapes[name] = tuple(sf.get_slice(name).get_shape())
+                        where_of[name] = f
             except Exception as e:  # SafetensorError and OSError: not importable by one name
                 raise DraftFormatError(f"{f}: not a complete safetensors file ({e})") from e
-        where = files[0].name if len(files) == 1 else f"{draft / INDEX_NAME} ({len(files)} shards)"
-        return shapes, str(draft / where) if len(files) == 1 else where
+        where = str(files[0]) if len(files) == 1 else f"{draft / INDEX_NAME} ({len(files)} shards)"
+        return Checkpoint(shapes, where, where_of, None)
     if (draft / BIN_NAME).is_file():
-        state = _load_bin(draft / BIN_NAME)
-        shapes = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
-        return shapes, str(draft / BIN_NAME)
+        path = draft / BIN_NAME
+        try:
+            state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        except Exception as e:
+            raise DraftFormatError(f"{path}: not a readable PyTorch state dict ({e})") from e
+        if not isinstance(state, Mapping):
+            raise DraftFormatError(f"{path}: not a state dict (a {type(state).__name__})")
+        state = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+        return Checkpoint({k: tuple(v.shape) for k, v in state.items()}, str(path), {}, state)
     raise DraftFormatError(f"{draft}: no weights ({fmt.WEIGHTS_NAME}, {INDEX_NAME} or {BIN_NAME})")
-
-
-def _load_bin(path: Path) -> dict:
-    try:
-        state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except Exception as e:
-        raise DraftFormatError(f"{path}: not a readable PyTorch state dict ({e})") from e
-    if not isinstance(state, Mapping):
-        raise DraftFormatError(f"{path}: not a state dict (a {type(state).__name__})")
-    return dict(state)
-
-
-def _find(shapes: Mapping[str, tuple[int, ...]], name: str) -> str | None:
-    """The checkpoint key for ``name`` (published drafts prefix some keys with ``model.``)."""
-    return next((k for k in (name, f"model.{name}") if k in shapes), None)
-
-
-def _read_tensor(draft: Path, key: str) -> torch.Tensor:
-    """One small tensor (``d2t``) of the draft's weights."""
-    from safetensors import safe_open
-
-    if (draft / BIN_NAME).is_file() and not (draft / fmt.WEIGHTS_NAME).is_file() \
-            and not (draft / INDEX_NAME).is_file():
-        return _load_bin(draft / BIN_NAME)[key]
-    file = draft / fmt.WEIGHTS_NAME
-    if not file.is_file():
-        file = draft / json.loads((draft / INDEX_NAME).read_text())["weight_map"][key]
-    with safe_open(str(file), "pt") as sf:
-        return sf.get_tensor(key)
 
 
 def check_token_map(path: str | Path, vocab_size: int) -> int:
@@ -149,9 +151,10 @@ def check_draft(draft: str | Path, target_config: Mapping, *, target_name: str =
     eagle3 = arch in EAGLE3_ARCHS
     fmt.check_target(config, target_config, cfg_file, target_name)
     vocab, hidden = int(target_config["vocab_size"]), int(target_config["hidden_size"])
-    shapes, where = weight_shapes(draft)
+    ckpt = read_checkpoint(draft)
+    shapes, where = ckpt.shapes, ckpt.where
 
-    fc = _find(shapes, "fc.weight")
+    fc = ckpt.find("fc.weight")
     if fc is None:
         raise DraftFormatError(f"{where}: no fc.weight: not an EAGLE draft's weights")
     n_in = len((config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
@@ -161,7 +164,7 @@ def check_draft(draft: str | Path, target_config: Mapping, *, target_name: str =
             f"{where}: fc.weight reads {shapes[fc][1]} features, but {n_in} hidden states of "
             f"{target_name} (hidden_size {hidden}) are {n_in * hidden}: a draft of another target")
 
-    head = _find(shapes, fmt.HEAD)
+    head = ckpt.find(fmt.HEAD)
     head_rows = shapes[head][0] if head is not None else None
     if head is not None and shapes[head][1] != config.get("hidden_size"):
         raise DraftFormatError(f"{where}: lm_head.weight has shape {shapes[head]}, but {cfg_file} gives "
@@ -175,13 +178,13 @@ def check_draft(draft: str | Path, target_config: Mapping, *, target_name: str =
         if head is not None and d_vocab not in (None, head_rows):
             raise DraftFormatError(f"{cfg_file}: draft_vocab_size {d_vocab} disagrees with lm_head.weight's "
                                    f"{head_rows} rows in {where}")
-        d2t = _find(shapes, fmt.D2T)
+        d2t = ckpt.find(fmt.D2T)
         if d2t is not None:
             if shapes[d2t] != (head_rows if head_rows is not None else vocab,):
                 raise DraftFormatError(
                     f"{where}: d2t has shape {shapes[d2t]}, but the draft head has "
                     f"{head_rows if head_rows is not None else vocab} rows: d2t needs one entry per row")
-            ids = _read_tensor(draft, d2t).long() + torch.arange(shapes[d2t][0])
+            ids = ckpt.read(d2t).long() + torch.arange(shapes[d2t][0])
             if int(ids.min()) < 0 or int(ids.max()) >= vocab:
                 raise DraftFormatError(f"{where}: d2t maps rows to target ids outside [0, {vocab})")
             reduced = bool(ids.shape[0] < vocab or not torch.equal(ids, torch.arange(vocab)))
