@@ -121,13 +121,14 @@ def pick_draft(a: argparse.Namespace, target: str) -> Path:
 
 
 def overall_table(summary: dict) -> str:
-    rows = [f"{'method':<16}{'tok/s':>8}{'vs AR':>8}{'accepted/step':>15}{'active vocab':>14}{'= AR':>6}"]
+    rows = [f"{'method':<16}{'tok/s':>8}{'vs AR':>8}{'accepted/step':>15}{'active vocab':>14}{'= AR':>6}"
+            "  configuration"]
     for method, cats in summary.items():
         s = cats["overall"]
         eq = "-" if s["equal_ar"] is None else ("yes" if s["equal_ar"] else "no")
         rows.append(f"{method:<16}{s['tok_s']:>8.2f}{specbench._fmt(s.get('speedup'), '.2f'):>7}x"
                     f"{specbench._fmt(s['accept'], '.2f'):>15}{specbench._fmt(s['active_vocab'], '.0f'):>14}"
-                    f"{eq:>6}")
+                    f"{eq:>6}  {s.get('config') or ''}")
     return "\n".join(rows)
 
 

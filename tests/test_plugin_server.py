@@ -53,6 +53,20 @@ def nano16(models):
 
 
 @pytest.fixture(scope="module")
+def nano_switching(models):
+    """The step controller told to probe one step above its choice every other cycle: the step
+    count changes between consecutive cycles of the same requests."""
+    target, draft, logs = models
+    config = logs / "switching.json"
+    config.write_text(json.dumps({"probe_every": 1, "warmup_cycles": 1,
+                                  **{str(bs): {"candidate_steps": [0, 1, 2, 3]} for bs in (1, 2, 4)}}))
+    args = [*spec_args("NANOSPEC", draft), "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "4", "--speculative-adaptive-config", str(config)]
+    with server(target, args, logs, "nanospec_switching") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
 def reference(plain):
     return [output_ids(r) for r in generate_all(plain, PROMPTS, concurrent=False)]
 
@@ -69,6 +83,20 @@ def test_greedy_output_equals_plain_decoding_with_w_max_16(nano16, reference, co
     got = [output_ids(r) for r in generate_all(nano16, PROMPTS, concurrent=concurrent)]
     assert got == reference
     assert "w_max=16" in nano16.log_text()
+
+
+@pytest.mark.parametrize("concurrent", [False, True], ids=["one_at_a_time", "concurrent"])
+def test_controller_switches_steps_mid_stream_and_output_equals_plain_decoding(nano_switching, reference,
+                                                                             concurrent):
+    before = nano_switching.log_text().count("Switch adaptive runtime state")
+    got = [output_ids(r) for r in generate_all(nano_switching, PROMPTS, concurrent=concurrent)]
+    assert got == reference
+    log = nano_switching.log_text()
+    # 24 new tokens a request, a switch almost every cycle: far more switches than requests.
+    assert log.count("Switch adaptive runtime state") - before >= 2 * len(PROMPTS)
+    report = json.loads(re.findall(r"NANOSPEC steps report: (\{.*\})", log)[-1])
+    ran = {int(k) for b in report["buckets"].values() for k, n in b["ran"].items() if n}
+    assert ran == {0, 1, 2, 3}
 
 
 def test_response_meta_info_reports_active_vocabulary_and_hit_rate(nano16):

@@ -43,18 +43,22 @@ from nanospec import draft_format as fmt
 from nanospec.bench.server import Server
 from nanospec.data import load_questions, packaged_questions
 
-ALL_METHODS = ("ar", "eagle3", "eagle3-static", "nanospec", "nanospec-static", "nanospec-context",
-               "nanospec-extension", "nanospec-indexed")
+ALL_METHODS = ("ar", "eagle3", "eagle3-adaptive", "eagle3-static", "nanospec", "nanospec-fixed",
+               "nanospec-static", "nanospec-context", "nanospec-extension", "nanospec-indexed")
 # Methods served with the static top-N draft: EAGLE3 over it (FR-Spec) and NANOSPEC over it (the dynamic
 # vocabulary intersected with the static head's rows).
 STATIC_METHODS = ("eagle3-static", "nanospec-static")
 DEFAULT_METHODS = "ar,eagle3,eagle3-static,nanospec"
 # Plugin settings of the ablation methods (seed paper, Table 5); "nanospec" is both sources, async gather.
-ABLATION_ENV = {"nanospec": {}, "nanospec-context": {"NANOSPEC_SOURCES": "context"},
+# "nanospec" runs the cost-aware step controller (the default); "nanospec-fixed" the whole chain every step.
+ABLATION_ENV = {"nanospec": {}, "nanospec-fixed": {"NANOSPEC_STEPS": "fixed"},
+                "nanospec-context": {"NANOSPEC_SOURCES": "context"},
                 "nanospec-extension": {"NANOSPEC_SOURCES": "extension"},
                 "nanospec-indexed": {"NANOSPEC_GATHER": "indexed"}}
 # Every speculative server times its draft step (the plugin's DraftTimer, loaded for EAGLE3 runs too).
 TIME_DRAFT_ENV = {"NANOSPEC_TIME_DRAFT": "1"}
+STEPS_RE = re.compile(r"NANOSPEC steps report: (\{.*\})")
+SGLANG_ADAPTIVE_RE = re.compile(r"Adaptive spec params updated: steps (\d+) -> (\d+)")
 TIMING_RE = re.compile(r"NANOSPEC timing: draft step ([0-9.]+) ms median, [0-9.]+ ms mean over (\d+) calls")
 PROMPT_HEAD_NOTE = ("static top-{n} head chosen from the benchmark's own prompts (their most frequent "
                     "tokens, then the lowest ids) as the draft has no training token counts: an optimistic "
@@ -129,8 +133,37 @@ def run_method(method: Method, target: str, base_args: list[str], env: dict[str,
         records = answer_all(lambda ids: srv.generate(ids, max_new_tokens, ignore_eos), tokenizer,
                              questions, max_new_tokens, max_turns)
     # AR has no draft step; a speculative server that never reached 10 draft calls logged no timing.
-    draft_ms = draft_ms_from_log(log.read_text(errors="replace")) if method.name != "ar" else None
-    return {"method": method.name, "startup_s": started, "draft_ms": draft_ms, "records": records}
+    text = log.read_text(errors="replace")
+    draft_ms = draft_ms_from_log(text) if method.name != "ar" else None
+    steps = steps_report_from_log(text)
+    return {"method": method.name, "startup_s": started, "draft_ms": draft_ms, "records": records,
+            "config": method_config(method, text, steps), "steps_report": steps}
+
+
+def steps_report_from_log(text: str) -> dict | None:
+    """The last ``NANOSPEC steps report`` of a server log (the step controller's learned cost model,
+    logged every 100 decode cycles), or None."""
+    found = STEPS_RE.findall(text)
+    return json.loads(found[-1]) if found else None
+
+
+def method_config(method: Method, log_text: str, steps: dict | None) -> str:
+    """What a method ran, for the tables: "plain decoding", a fixed chain or tree
+    ("steps 3, topk 1, 4 draft tokens"), SGLang's adaptive steps with the step counts it moved
+    between, or NanoSpec's controller with the share of cycles at each step count."""
+    if not method.args:
+        return "plain decoding"
+    flags = dict(zip(method.args[::2], method.args[1::2], strict=False))
+    tree = (f"steps {flags.get('--speculative-num-steps')}, topk {flags.get('--speculative-eagle-topk')}, "
+            f"{flags.get('--speculative-num-draft-tokens')} draft tokens")
+    if "--speculative-adaptive" in method.args:
+        seen = sorted({int(k) for pair in SGLANG_ADAPTIVE_RE.findall(log_text) for k in pair})
+        return f"SGLang adaptive (steps {seen if seen else 'never moved'})"
+    if steps is not None:
+        from nanospec.controller import steps_mix
+
+        return f"controller: {steps_mix(steps)}"
+    return tree
 
 
 def draft_ms_from_log(text: str) -> float | None:
@@ -166,6 +199,7 @@ def summarize(runs: list[dict], ref: str = "ar", draft_ref: str = "eagle3") -> d
     for run in runs:
         overall = out[run["method"]]["overall"]
         overall["draft_ms"] = run.get("draft_ms")
+        overall["config"] = run.get("config")
         if draft_ref in by_name:
             ms = overall["draft_ms"]
             overall["draft_speedup"] = ref_ms / ms if ref_ms and ms else None
@@ -202,8 +236,8 @@ def markdown(summary: dict, notes: list[str] | tuple[str, ...] = ()) -> str:
     cats = list(next(iter(summary.values())).keys())
     cats = [c for c in cats if c != "overall"] + ["overall"]
     lines = ["| category | method | requests | tokens | tok/s | speed-up vs AR | accepted / step | "
-             "mean active vocab | = AR | draft step ms | draft step speed-up vs EAGLE3 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "mean active vocab | = AR | draft step ms | draft step speed-up vs EAGLE3 | configuration |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for cat in cats:
         for method, per in summary.items():
             s = per.get(cat)
@@ -215,7 +249,7 @@ def markdown(summary: dict, notes: list[str] | tuple[str, ...] = ()) -> str:
             lines.append(f"| {name} | {method} | {s['requests']} | {s['tokens']} | {s['tok_s']:.2f} | "
                          f"{_fmt(s.get('speedup'), '.2f', 'x')} | {_fmt(s['accept'], '.2f')} | "
                          f"{_fmt(s['active_vocab'], '.0f')} | {eq} | {_fmt(s.get('draft_ms'), '.2f')} | "
-                         f"{_fmt(s.get('draft_speedup'), '.2f', 'x')} |")
+                         f"{_fmt(s.get('draft_speedup'), '.2f', 'x')} | {s.get('config') or ''} |")
     return "\n".join(lines + ([""] + [f"- {n}" for n in notes] if notes else [])) + "\n"
 
 
@@ -333,6 +367,8 @@ def make_methods(names: list[str], draft: Path | None, static: Path | None,
         path = static if name in STATIC_METHODS else draft
         algo = "EAGLE3" if name.startswith("eagle3") else "NANOSPEC"
         args = ["--speculative-algorithm", algo, "--speculative-draft-model-path", str(path), *spec_args]
+        if name == "eagle3-adaptive":
+            args.append("--speculative-adaptive")  # SGLang's own accept-length rule, its default config
         methods.append(Method(name, args, {**TIME_DRAFT_ENV, **ABLATION_ENV.get(name, {})}))
     return methods
 
@@ -355,7 +391,9 @@ def base_server_args(device: str, dtype: str, extra: str) -> list[str]:
     if device == "cpu":
         # The nanospec.cpu hook gives CPU runs their backend and KV bound; keep the KV pool small on shared
         # hosts.
-        args += ["--attention-backend", "intel_amx", "--max-total-tokens", "8192"]
+        # No CUDA graphs on CPU (SGLang skips them there by device, except in the per-step runtime states
+        # of adaptive speculative decoding, which would fail to build them).
+        args += ["--attention-backend", "intel_amx", "--max-total-tokens", "8192", "--disable-cuda-graph"]
     return args + extra.split()
 
 

@@ -10,8 +10,10 @@ import json
 import logging
 from pathlib import Path
 
+from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
+from nanospec.controller import read_candidates, read_config
 from nanospec.sglang import seam
 from nanospec.sglang.drafts import check_draft
 from nanospec.sglang.flags import check_flags
@@ -95,10 +97,35 @@ class NanoSpecAlgo(CustomSpecAlgo):
         if server_args.device == "cpu" and not server_args.disable_overlap_schedule:
             seam.set_server_arg(server_args, "disable_overlap_schedule", True,
                                 "SGLang has no overlap scheduler for speculative decoding on CPU")
+        graphs = getattr(server_args, "cuda_graph_config", None)
+        if server_args.device == "cpu" and graphs is not None and graphs.decode.backend != Backend.DISABLED:
+            # SGLang's CPU model runner skips decode graphs by device, but its per-step runtime states
+            # (built for the step controller, also EAGLE3's --speculative-adaptive) do not.
+            seam.set_server_arg(server_args, "cuda_graph_config",
+                                with_phase(graphs, Phase.DECODE, backend=Backend.DISABLED),
+                                "no CUDA graphs on CPU (decode graph backend 'disabled')")
         if server_args.enable_mixed_chunk:
             seam.set_server_arg(server_args, "enable_mixed_chunk", False,
                                 "mixed steps would decode running requests one token at a time "
                                 "without a verify (SGLang refuses it without supports_mixed_chunk)")
+
+
+def check_steps(server_args, settings) -> None:
+    """The step controller's launch flags: SGLang's ``--speculative-adaptive`` means NanoSpec's own
+    controller here (SGLang's accept-length rule serves EAGLE/EAGLE3 only), and its config file must
+    be readable with candidates within ``--speculative-num-steps``."""
+    adaptive = bool(getattr(server_args, "speculative_adaptive", False))
+    if adaptive and settings.steps == "fixed":
+        raise ValueError("NANOSPEC: --speculative-adaptive asks for adaptive steps but NANOSPEC_STEPS=fixed "
+                         "pins the chain; drop one of them")
+    if adaptive:
+        logger.info("NANOSPEC: --speculative-adaptive is served by NanoSpec's cost-aware step controller "
+                    "(NANOSPEC_STEPS=auto); SGLang's own adaptive rule is for EAGLE/EAGLE3")
+    path = getattr(server_args, "speculative_adaptive_config", None)
+    if path and settings.steps == "auto":
+        steps = server_args.speculative_num_steps or DEFAULT_TREE["speculative_num_steps"]
+        read_candidates(path, int(steps))
+        read_config(path)
 
 
 def validate_server_args(server_args) -> None:
@@ -114,8 +141,7 @@ def validate_server_args(server_args) -> None:
     if getattr(server_args, "speculative_use_rejection_sampling", False):
         raise ValueError("NANOSPEC does not support --speculative-use-rejection-sampling: draft "
                          "probabilities live on the packed vocabulary")
-    if getattr(server_args, "speculative_adaptive", False):
-        raise ValueError("NANOSPEC does not support --speculative-adaptive")
+    check_steps(server_args, settings)
     check_flags(server_args)  # paths that would trace or capture the plugin's hooks
     target = _read_config(server_args.model_path)
     draft = Path(server_args.speculative_draft_model_path)

@@ -55,6 +55,7 @@ _IDMAP = f"{_UNITS}::test_id_map_maps_only_columns_of_the_last_draft_logits"
 _HEADS = f"{_UNITS}::test_each_head_proposes_the_best_token_of_its_vocabulary"
 _MEMORY = "tests/test_plugin_memory.py"
 _FLAGS = "tests/test_plugin_flags.py"
+_AD = "sglang.srt.speculative.adaptive_runtime_state"
 
 
 class SeamError(RuntimeError):
@@ -110,6 +111,26 @@ SEAM: tuple[Touchpoint, ...] = (
          "the overlap scheduler's future map, built as for EAGLE",
          _REGISTERS,
          params=("device", "spec_algo", "req_to_token_pool", "needs_cpu_seq_lens", "needs_confidence_relay")),
+    _row(f"{_AD}.AdaptiveController", "api", "worker.NanoSpecWorker.__init__",
+         "SGLang's adaptive speculative decoding: builds one runtime state (attention backends, CUDA "
+         "graphs) per candidate step count in init_cuda_graphs, swaps them before each decode batch "
+         "(activate_step_by_batch) and feeds verify results (on_verify_complete_cpu, accept lengths "
+         "already on the host); NanoSpec gives it its own policy, controller.StepController",
+         f"{_SERVER}::test_controller_switches_steps_mid_stream_and_output_equals_plain_decoding",
+         params=("worker", "policy"),
+         attrs=("register", "init_states", "activate_step_by_batch", "on_verify_complete")),
+    _row(f"{_EW}.EAGLEWorkerV2", "api", "worker.NanoSpecWorker",
+         "the adaptive protocol NanoSpec's worker inherits unchanged: per-step runtime states and the "
+         "0-step verify (a plain decode through the verify graph)",
+         f"{_SERVER}::test_controller_switches_steps_mid_stream_and_output_equals_plain_decoding",
+         attrs=("build_adaptive_runtime_state", "apply_runtime_state", "on_verify_complete_cpu",
+                "activate_step_by_batch", "_build_trivial_verify_input", "speculative_num_steps")),
+    _row("sglang.srt.speculative.adaptive_spec_params.AdaptiveSpeculativeParams", "api",
+         "controller.read_candidates",
+         "the --speculative-adaptive-config format (batch-size keys holding candidate_steps) NanoSpec "
+         "reads; its accept-length rule is not used", "tests/test_controller.py",
+         attrs=("candidate_steps", "set_cuda_graph_bs", "get_steps_for_batch", "on_verify_complete",
+                "cuda_graph_bs_for_step")),
     # -- fields read --------------------------------------------------------------------------
     _row("sglang.srt.managers.schedule_batch.ScheduleBatch", "api", "runtime, worker, penalties",
          "prefill and decode batches", _LOSSLESS,
@@ -183,7 +204,8 @@ SEAM: tuple[Touchpoint, ...] = (
          "EAGLE-family defaults (SGLang applies them to built-in algorithms only); every write is logged",
          f"{_UNITS}::test_server_arg_overrides_are_logged", params=("self", "server_args"),
          attrs=("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-                "max_running_requests", "disable_overlap_schedule", "enable_mixed_chunk")),
+                "max_running_requests", "disable_overlap_schedule", "cuda_graph_config",
+                "enable_mixed_chunk")),
     _row(f"{_ALGO}.carries_draft_hidden_states", "override", "algo.NanoSpecAlgo",
          "the scheduler calls it on every algorithm; CustomSpecAlgo lacks it",
          _REGISTERS, params=("self",)),
@@ -200,6 +222,11 @@ SEAM: tuple[Touchpoint, ...] = (
     _row(f"{_EW}.EAGLEWorkerV2.__init__", "override", "worker.NanoSpecWorker",
          "makes the draft worker a NanoSpecDraftWorker (see the __class__ row)", _LOSSLESS,
          params=("self", "server_args", "gpu_id", "nccl_port", "target_worker")),
+    _row(f"{_EW}.EAGLEWorkerV2.forward_batch_generation", "override", "worker.NanoSpecWorker",
+         "times each decode cycle (start to the next start), its draft and verify parts, for the step "
+         "controller: CPU wall time, or CUDA events read once passed (stopwatch.Stopwatch)",
+         f"{_SERVER}::test_controller_switches_steps_mid_stream_and_output_equals_plain_decoding",
+         params=("self", "batch")),
     _row(f"{_EW}.EAGLEWorkerV2.verify", "override", "worker.NanoSpecWorker",
          "after each verify: telemetry and the stream's extension", _LOSSLESS,
          params=("self", "batch", "pp_proxy_tensors", "grammar_barrier")),
@@ -264,6 +291,11 @@ SEAM: tuple[Touchpoint, ...] = (
          "keeps their top-k (in vocabulary ids) across scheduler iterations and batch changes, and "
          "computes it itself from next_token_logits", _HEADS,
          params=("self", "hidden_states", "lm_head", "logits_metadata"), attrs=("_get_logits",)),
+    _row(f"{_EW}.EAGLEWorkerV2.adaptive_controller", "replacement", "worker.NanoSpecWorker.__init__",
+         "an AdaptiveController with NanoSpec's policy: SGLang builds one only for EAGLE/EAGLE3 under "
+         "--speculative-adaptive (its rule reads accept lengths, not costs), with no policy factory",
+         f"{_SERVER}::test_controller_switches_steps_mid_stream_and_output_equals_plain_decoding",
+         attrs=("adaptive_controller",)),
     _row(f"{_EW}.EagleDraftWorker.hot_token_id", "replacement", "worker.NanoSpecDraftWorker.init_lm_head",
          "hooks.IdMap stands where SGLang maps a reduced draft vocabulary: draft_forward maps every "
          "step's top-k through it (hot_token_id[topk_index]); it maps the columns of the draft logits "

@@ -10,6 +10,8 @@ SGLang's command line belongs to SGLang, so the plugin reads its own settings fr
     NANOSPEC_SOURCES  full | context | extension                       (default full)
     NANOSPEC_GATHER   async | indexed                                  (default async)
     NANOSPEC_HEAD     auto | packed | union | full  (per-batch head choice, see policy.py)
+    NANOSPEC_STEPS    auto | fixed  (auto: the cost-aware draft-step controller, nanospec/controller.py,
+                      choosing 0..--speculative-num-steps per batch; fixed: always the full chain)
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from pathlib import Path
 from nanospec.config import NanoSpecConfig
 
 HEADS = ("auto", "packed", "union", "full")
-KEYS = ("k_pre", "k_ver", "w_max", "sources", "gather", "head")
+STEPS = ("auto", "fixed")
+KEYS = ("k_pre", "k_ver", "w_max", "sources", "gather", "head", "steps")
 INT_KEYS = ("k_pre", "k_ver", "w_max")
 ENV_PREFIX = "NANOSPEC_"
 
@@ -33,15 +36,18 @@ class Settings:
 
     vocab: NanoSpecConfig = field(default_factory=NanoSpecConfig)
     head: str = "auto"
+    steps: str = "auto"
 
     def __post_init__(self) -> None:
         if self.head not in HEADS:
             raise ValueError(f"NANOSPEC head must be one of {HEADS}, got {self.head!r}")
+        if self.steps not in STEPS:
+            raise ValueError(f"NANOSPEC steps must be one of {STEPS}, got {self.steps!r}")
 
     def describe(self) -> str:
         v = self.vocab
         return (f"k_pre={v.k_pre} k_ver={v.k_ver} w_max={v.w_max} sources={v.sources} "
-                f"gather={v.gather} head={self.head}")
+                f"gather={v.gather} head={self.head} steps={self.steps}")
 
 
 def _read_file(path: str) -> dict:
@@ -84,11 +90,12 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     for key in INT_KEYS:
         if key in raw:
             raw[key] = _as_int(key, raw[key])
-    for key in ("sources", "gather", "head"):
+    for key in ("sources", "gather", "head", "steps"):
         if key in raw:
             raw[key] = str(raw[key]).strip().lower()
     head = raw.pop("head", "auto")
-    return Settings(vocab=NanoSpecConfig(**raw), head=head)
+    steps = raw.pop("steps", "auto")
+    return Settings(vocab=NanoSpecConfig(**raw), head=head, steps=steps)
 
 
 def check_against_model(settings: Settings, *, vocab_size: int, eagle_topk: int) -> None:

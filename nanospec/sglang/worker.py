@@ -13,15 +13,19 @@ and skip a graph captured with another head than the current choice (docs/plugin
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 
 import torch
+from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
+from nanospec.controller import StepController, read_candidates, read_config
 from nanospec.sglang import hooks, memory, seam
 from nanospec.sglang.runtime import Runtime
 from nanospec.sglang.settings import check_against_model, load_settings
 from nanospec.sglang.telemetry import LogSuffix
+from nanospec.stopwatch import Stopwatch
 
 logger = logging.getLogger(__name__)
 
@@ -71,9 +75,34 @@ def plan_memory(server_args, draft_worker, target_worker) -> memory.MemoryPlan:
                        draft_tokens=int(draft_worker.speculative_num_draft_tokens))
 
 
+def build_controller(server_args, steps: int, topk: int) -> StepController | None:
+    """The cost-aware step controller for this server, or None for a fixed chain (NANOSPEC_STEPS=fixed,
+    a tree: SGLang's step states are chains, or a 0-step chain). Candidates: 0..steps per bucket, or
+    the ``--speculative-adaptive-config`` file's."""
+    mode = load_settings().steps
+    if mode == "fixed" or steps == 0:
+        return None
+    if topk != 1:
+        logger.warning("NANOSPEC steps=auto needs a chain (--speculative-eagle-topk 1); with topk=%d the "
+                       "tree is fixed at %d steps", topk, steps)
+        return None
+    path = getattr(server_args, "speculative_adaptive_config", None)
+    candidates, config = read_candidates(path, steps), read_config(path)
+    logger.info("NANOSPEC steps=auto: draft steps chosen per batch by measured cost; candidates %s; %s",
+                candidates, config)
+    return StepController(candidates, initial_steps=steps, config=config)
+
+
+def is_decode(batch) -> bool:
+    mode = batch.forward_mode
+    return not (mode.is_extend() or batch.is_extend_in_batch or mode.is_idle())
+
+
 GRAPH_RUNNER = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.cuda_graph_runner"
 HOT_TOKEN_ID = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.hot_token_id"
 DRAFT_WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2._draft_worker"
+REPORT_EVERY = 50  # decode cycles between two "NANOSPEC steps report" log lines
+ADAPTIVE = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.adaptive_controller"
 
 
 def graphs_unless_stale(worker, attr: str, head, batch: int, rows: int):
@@ -159,14 +188,52 @@ class NanoSpecWorker(EAGLEWorkerV2):
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         seam.check()  # in the scheduler process: SGLang as the seam table describes it
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        self.steps: StepController | None = None
+        self.watch = Stopwatch(self.device)
+        self._cycle = None  # (batch size, steps, start stamp) of the decode cycle under way
+        self._verify_at = None  # this cycle's verify start stamp
         if self._draft_worker is not None:
+            self.steps = build_controller(server_args, self.speculative_num_steps, self.topk)
+            if self.steps is not None:
+                # SGLang's own controller swaps the per-step runtime states (built in init_cuda_graphs,
+                # one set of graphs per candidate); NanoSpec's policy decides which.
+                seam.patch(self, "adaptive_controller", AdaptiveController(self, self.steps), ADAPTIVE)
             # Same object, NanoSpec's methods: they take effect at alloc_memory_pool (init_lm_head).
             seam.patch(self._draft_worker, "__class__", NanoSpecDraftWorker, DRAFT_WORKER)
             # The draft is loaded and the KV cache not yet sized: announce what init_lm_head will
             # allocate, so that SGLang's KV budget leaves room for it (nanospec/sglang/memory.py).
             memory.announce(plan_memory(server_args, self._draft_worker, target_worker))
 
+    def forward_batch_generation(self, batch, *args, **kwargs):
+        """SGLang's step, timed for the step controller: a decode cycle runs from its start to the
+        start of the next decode cycle (one that follows a prefill or an idle wait is not timed)."""
+        if self.steps is None:
+            return super().forward_batch_generation(batch, *args, **kwargs)
+        decode = is_decode(batch)
+        now = self.watch.stamp()
+        if self._cycle is not None and decode:
+            bs, k, start = self._cycle
+            self.watch.interval(("cycle", bs, k), start, now)
+        self._cycle = None
+        out = super().forward_batch_generation(batch, *args, **kwargs)
+        if decode:
+            bs, k = int(batch.seq_lens.shape[0]), self.speculative_num_steps
+            self.steps.launched(bs, k)
+            if self._verify_at is not None:
+                self.watch.interval(("draft", bs, k), now, self._verify_at)
+            self._cycle = (bs, k, now)
+        self._verify_at = None
+        for (kind, bs, k), seconds in self.watch.poll():
+            self.steps.record(kind, bs, k, seconds)
+        if decode and self.steps.decisions % REPORT_EVERY == 0:
+            # The learned cost model, for the benchmarks (last line wins) and for users reading logs.
+            logger.info("NANOSPEC steps report: %s", json.dumps(self.steps.report()))
+        return out
+
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
+        timed = self.steps is not None
+        if timed:
+            self._verify_at = self.watch.stamp()
         verify_input = batch.spec_info
         result = super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
         if not batch.forward_mode.is_idle() and self._draft_worker is not None:
@@ -178,4 +245,7 @@ class NanoSpecWorker(EAGLEWorkerV2):
                 predict=result.next_token_ids,
                 logits=result.logits_output.next_token_logits,
             )
+        if timed:
+            self.watch.interval(("verify", int(batch.seq_lens.shape[0]), self.speculative_num_steps),
+                                self._verify_at, self.watch.stamp())
         return result

@@ -1,0 +1,323 @@
+"""How many draft steps pay: per batch-size bucket, the chain length k (0 = plain decoding) with the
+most expected tokens per second of wall time, E(k) / C(k), learned online.
+
+E(k) = 1 + sum_{j=1..k} prod_{d=1..j} a_d, where a_d is the rate at which draft depth d is accepted
+given depth d-1 was: a request that drafted k tokens and had n accepted counts depths 1..n as
+accepted and depth n+1 as rejected (when n < k); deeper depths were not tried. C(k) is the measured
+wall time of a whole decode cycle run with k steps (draft, verify, draft-extend and the scheduler's
+own work between two cycles), so whatever a step costs on this host is priced, not modelled.
+
+Both are forgetting averages, so a bucket follows a workload that changes; a depth seldom tried
+leans on a prior (depth 1: ``prior_accept``; deeper: the rate of the depth above). Until every
+candidate of a bucket has been timed, the bucket runs the untimed ones in turn; after that, one cycle
+in ``probe_every`` runs one step more than the choice, so a bucket that settled on fewer steps, or on
+none, still sees whether deeper drafts have started to land.
+
+The class speaks SGLang's ``AdaptiveSpecPolicy`` protocol (``candidate_steps``, ``set_cuda_graph_bs``,
+``get_steps_for_batch``, ``on_verify_complete``, ``cuda_graph_bs_for_step``) so SGLang's own
+``AdaptiveController`` swaps the runtime states, and reads SGLang's ``--speculative-adaptive-config``
+JSON (per-batch-size ``candidate_steps``); it has no SGLang import and runs on plain numbers.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """keep: retention of a depth's acceptance counts per request drafted to that depth (0.98: about
+    the last 50). cost_alpha: weight of a new cycle time in its average. prior_accept, prior_weight:
+    the prior depth-1 acceptance and its weight in pseudo-requests. warmup_cycles: timed cycles of
+    each candidate before the bucket chooses by cost. probe_every: cycles between two probes one step
+    above the choice (0: never). margin: a new choice must beat the current one by this fraction (no
+    flapping between near-equal choices)."""
+
+    keep: float = 0.98
+    cost_alpha: float = 0.2
+    prior_accept: float = 0.5
+    prior_weight: float = 2.0
+    warmup_cycles: int = 2
+    probe_every: int = 64
+    margin: float = 0.02
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.keep <= 1.0:
+            raise ValueError(f"controller keep must lie in (0, 1], got {self.keep}")
+        if not 0.0 < self.cost_alpha <= 1.0:
+            raise ValueError(f"controller cost_alpha must lie in (0, 1], got {self.cost_alpha}")
+        if not 0.0 <= self.prior_accept <= 1.0 or self.prior_weight <= 0:
+            raise ValueError("controller prior_accept must lie in [0, 1] and prior_weight be > 0")
+        if self.warmup_cycles < 1 or self.margin < 0 or self.probe_every < 0:
+            raise ValueError("controller warmup_cycles must be >= 1, margin and probe_every >= 0")
+
+
+def read_candidates(path: str | Path | None, max_steps: int) -> dict[int, list[int]]:
+    """Batch-size bucket -> candidate step counts, from SGLang's adaptive config JSON (integer-string
+    keys holding ``{"candidate_steps": [...]}``; its other keys are SGLang's accept-length rule's and
+    are not used here) or, without a file, 0..max_steps for every bucket of ``DEFAULT_BUCKETS``.
+    ValueError naming the file and key for anything else, or for a candidate above ``max_steps``
+    (the chain the server was sized for, ``--speculative-num-steps``)."""
+    if path is None:
+        return {bs: list(range(max_steps + 1)) for bs in DEFAULT_BUCKETS}
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"adaptive config {path}: cannot read it as JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"adaptive config {path}: expected an object keyed by batch size")
+    out: dict[int, list[int]] = {}
+    for key, entry in raw.items():
+        if not str(key).isdigit():
+            continue
+        steps = entry.get("candidate_steps") if isinstance(entry, dict) else None
+        if (not isinstance(steps, list) or not steps
+                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps)):
+            raise ValueError(f"adaptive config {path}: batch size {key}: candidate_steps must be a "
+                             f"non-empty list of non-negative integers, got {steps!r}")
+        if max(steps) > max_steps:
+            raise ValueError(f"adaptive config {path}: batch size {key}: candidate step {max(steps)} "
+                             f"exceeds --speculative-num-steps {max_steps}, the longest chain the "
+                             "server is sized for")
+        out[int(key)] = sorted(set(steps))
+    if not out:
+        raise ValueError(f'adaptive config {path}: no batch-size key such as "1": '
+                         '{"candidate_steps": [0, 1, 2, 3]}')
+    return out
+
+
+def read_config(path: str | Path | None) -> ControllerConfig:
+    """The controller's settings from the top level of the same adaptive config JSON: keys named as
+    ``ControllerConfig``'s fields (``probe_every``, ``keep``, ...); SGLang's own top-level keys
+    (``ema_alpha``, ...) are not ours and are skipped. Defaults without a file."""
+    if path is None:
+        return ControllerConfig()
+    raw = json.loads(Path(path).read_text())  # read_candidates has vetted the file
+    names = {f for f in ControllerConfig.__dataclass_fields__}
+    try:
+        return ControllerConfig(**{k: v for k, v in raw.items() if k in names})
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"adaptive config {path}: {e}") from None
+
+
+def expected_tokens(accept: list[float], k: int) -> float:
+    """E(k): tokens a cycle with k draft steps emits, given per-depth conditional acceptance
+    ``accept[d - 1]`` = a_d."""
+    total, p = 1.0, 1.0
+    for d in range(k):
+        p *= accept[d]
+        total += p
+    return total
+
+
+@dataclass
+class Bucket:
+    """What one batch-size bucket has learned. hits/tries[d - 1]: decayed counts at depth d.
+    cycle_s[k]: average cycle seconds with k steps (None: not timed yet); timed[k]: cycles timed;
+    draft_s / verify_s[k]: the draft and verify parts of it, for reports; ran[k]: cycles run.
+    choice: the step count chosen by cost; current: the one running (the choice, or a probe)."""
+
+    candidates: list[int]
+    depth: int
+    hits: list[float] = field(default_factory=list)
+    tries: list[float] = field(default_factory=list)
+    cycle_s: dict[int, float | None] = field(default_factory=dict)
+    timed: dict[int, int] = field(default_factory=dict)
+    draft_s: dict[int, float] = field(default_factory=dict)
+    verify_s: dict[int, float] = field(default_factory=dict)
+    ran: dict[int, int] = field(default_factory=dict)
+    current: int = 0
+    choice: int = 0
+    cycles: int = 0
+    since_probe: int = 0
+
+    def __post_init__(self) -> None:
+        self.hits = [0.0] * self.depth
+        self.tries = [0.0] * self.depth
+        self.cycle_s = {k: None for k in self.candidates}
+        self.timed = dict.fromkeys(self.candidates, 0)
+        self.ran = dict.fromkeys(self.candidates, 0)
+
+
+class StepController:
+    """Per-bucket choice of draft steps (the module docstring has the model).
+
+    The worker calls ``launched(batch_size, k)`` after each decode cycle it ran and ``record(kind,
+    batch_size, k, seconds)`` as cycle ("cycle", "draft", "verify") times become known; SGLang's
+    ``AdaptiveController`` calls ``get_steps_for_batch`` before each cycle and ``on_verify_complete``
+    with each cycle's accepted draft counts, in launch order.
+    """
+
+    def __init__(self, candidates: dict[int, list[int]], initial_steps: int,
+                 config: ControllerConfig | None = None):
+        if not candidates:
+            raise ValueError("StepController needs at least one batch-size bucket")
+        self.config = config or ControllerConfig()
+        self._bs = sorted(candidates)
+        depth = max(max(c) for c in candidates.values())
+        self.buckets = {bs: Bucket(list(c), max(depth, 1)) for bs, c in candidates.items()}
+        for b in self.buckets.values():
+            b.current = initial_steps if initial_steps in b.candidates else b.candidates[-1]
+        self._cuda_graph_bs: list[int] | None = None
+        self._launched: deque[tuple[int, int]] = deque(maxlen=8)  # (bucket, k), oldest first
+        self.decide_s = 0.0  # wall time spent choosing, for the "under 1% of a step" check
+        self.decisions = 0
+
+    # -- SGLang's AdaptiveSpecPolicy ---------------------------------------------------------
+
+    @property
+    def candidate_steps(self) -> list[int]:
+        return sorted({k for b in self.buckets.values() for k in b.candidates})
+
+    def set_cuda_graph_bs(self, cuda_graph_bs: list[int] | None) -> None:
+        self._cuda_graph_bs = sorted(cuda_graph_bs) if cuda_graph_bs else None
+
+    def cuda_graph_bs_for_step(self, step: int) -> list[int] | None:
+        """The captured batch sizes whose bucket may run ``step`` (None: no CUDA graphs)."""
+        if self._cuda_graph_bs is None:
+            return None
+        return [bs for bs in self._cuda_graph_bs if step in self.buckets[self.bucket_of(bs)].candidates]
+
+    def get_steps_for_batch(self, batch_size: int) -> int:
+        t = time.perf_counter()
+        b = self.buckets[self.route(batch_size)]
+        b.current = self.choose(b)
+        self.decide_s += time.perf_counter() - t
+        self.decisions += 1
+        return b.current
+
+    def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int) -> None:
+        """Count per-depth acceptance of the oldest launched cycle; never asks for a switch itself
+        (``get_steps_for_batch`` decides before each cycle)."""
+        if not self._launched or not num_correct_drafts_per_req:
+            return None
+        bs, k = self._launched.popleft()
+        if k == 0 or max(num_correct_drafts_per_req) > k:  # nothing drafted, or not that cycle's
+            return None
+        b, keep = self.buckets[bs], self.config.keep
+        for n in num_correct_drafts_per_req:
+            for d in range(min(n + 1, k)):  # depths 1..n accepted, n+1 rejected
+                b.tries[d] = b.tries[d] * keep + 1.0
+                b.hits[d] = b.hits[d] * keep + (d < n)
+        return None
+
+    # -- the worker's reports ---------------------------------------------------------------
+
+    def launched(self, batch_size: int, k: int) -> None:
+        """A decode cycle of ``batch_size`` requests ran with ``k`` steps; its verify result follows."""
+        bs = self.route(batch_size)
+        self._launched.append((bs, k))
+        ran = self.buckets[bs].ran
+        if k in ran:
+            ran[k] += 1
+
+    def record(self, kind: str, batch_size: int, k: int, seconds: float) -> None:
+        """A measured time: kind "cycle" (start of one decode cycle to the start of the next),
+        "draft" or "verify"."""
+        b = self.buckets[self.route(batch_size)]
+        if k not in b.cycle_s:
+            return
+        a = self.config.cost_alpha
+        if kind == "cycle":
+            b.timed[k] += 1
+            if b.timed[k] == 1:  # the first cycle after a switch pays one-off work: not priced
+                return
+            old = b.cycle_s[k]
+            b.cycle_s[k] = seconds if old is None else (1 - a) * old + a * seconds
+            b.cycles += 1
+        elif kind in ("draft", "verify") and b.timed[k]:  # not the first cycle's (see above)
+            part = b.draft_s if kind == "draft" else b.verify_s
+            part[k] = seconds if k not in part else (1 - a) * part[k] + a * seconds
+
+    # -- the model ---------------------------------------------------------------------------
+
+    def route(self, batch_size: int) -> int:
+        """The bucket of a batch: padded to the CUDA-graph batch size it replays at, then the largest
+        bucket not above it (SGLang's adaptive routing)."""
+        if self._cuda_graph_bs is not None:
+            i = bisect.bisect_left(self._cuda_graph_bs, batch_size)
+            if i < len(self._cuda_graph_bs):
+                batch_size = self._cuda_graph_bs[i]
+        return self.bucket_of(batch_size)
+
+    def bucket_of(self, batch_size: int) -> int:
+        return self._bs[max(0, bisect.bisect_right(self._bs, batch_size) - 1)]
+
+    def acceptance(self, b: Bucket) -> list[float]:
+        """a_d for d = 1..depth: decayed counts plus the prior (an unseen depth takes the rate of the
+        depth above)."""
+        w, prior, out = self.config.prior_weight, self.config.prior_accept, []
+        for h, t in zip(b.hits, b.tries, strict=True):
+            rate = (h + w * prior) / (t + w)
+            out.append(rate)
+            prior = rate
+        return out
+
+    def rates(self, b: Bucket) -> dict[int, float | None]:
+        """Expected tokens per second of each candidate (None: not timed yet)."""
+        acc = self.acceptance(b)
+        return {k: (None if c is None else expected_tokens(acc, k) / c) for k, c in b.cycle_s.items()}
+
+    def choose(self, b: Bucket) -> int:
+        """The step count the bucket runs next: an under-timed candidate while warming up (the
+        current one first); else the fastest by E(k)/C(k), unless the last choice is within
+        ``margin`` of it; every ``probe_every`` cycles, one candidate above that."""
+        need = self.config.warmup_cycles + 1  # + the unpriced first cycle
+        if b.timed.get(b.current, 0) < need:
+            b.choice = b.current
+            return b.current
+        for k in b.candidates:
+            if b.timed[k] < need:
+                b.choice = k
+                return k
+        r = self.rates(b)
+        best = max(b.candidates, key=lambda k: r[k])
+        last = r.get(b.choice)
+        if last is None or r[best] > last * (1 + self.config.margin):
+            b.choice = best
+        b.since_probe += 1
+        above = [k for k in b.candidates if k > b.choice]
+        if self.config.probe_every and b.since_probe >= self.config.probe_every and above:
+            b.since_probe = 0
+            return above[0]
+        return b.choice
+
+    def report(self) -> dict:
+        """Per bucket: acceptance per depth, E(k), cycle/draft/verify ms, tokens per second, current
+        choice; plus the controller's own mean decision time. JSON-ready."""
+        out: dict = {"decide_us": 1e6 * self.decide_s / max(self.decisions, 1), "buckets": {}}
+        for bs, b in self.buckets.items():
+            if not b.cycles:
+                continue
+            acc, r = self.acceptance(b), self.rates(b)
+            out["buckets"][str(bs)] = {
+                "choice": b.choice, "cycles": b.cycles, "ran": dict(b.ran),
+                "accept_per_depth": [round(a, 3) for a in acc],
+                "expected_tokens": {k: round(expected_tokens(acc, k), 3) for k in b.candidates},
+                "cycle_ms": {k: None if c is None else round(1e3 * c, 3) for k, c in b.cycle_s.items()},
+                "draft_ms": {k: round(1e3 * s, 3) for k, s in sorted(b.draft_s.items())},
+                "verify_ms": {k: round(1e3 * s, 3) for k, s in sorted(b.verify_s.items())},
+                "tok_per_s": {k: None if v is None else round(v, 2) for k, v in r.items()},
+            }
+        return out
+
+
+
+def steps_mix(report: dict) -> str:
+    """The share of decode cycles run at each step count over all buckets of a ``report()``, e.g.
+    "k=0 12%, k=1 88%" (what a benchmark table shows as the controller's configuration)."""
+    ran: dict[int, int] = {}
+    for b in report.get("buckets", {}).values():
+        for k, n in b.get("ran", {}).items():
+            ran[int(k)] = ran.get(int(k), 0) + int(n)
+    total = sum(ran.values())
+    if not total:
+        return "no decode cycles"
+    return ", ".join(f"k={k} {100 * n / total:.0f}%" for k, n in sorted(ran.items()) if n)

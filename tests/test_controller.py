@@ -1,0 +1,230 @@
+"""The cost-aware step controller (nanospec/controller.py) and its stopwatch, without SGLang's server:
+a simulated host where a cycle with k draft steps costs verify + k * draft and each draft depth is
+accepted at a known rate."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from nanospec.controller import (
+    ControllerConfig,
+    StepController,
+    expected_tokens,
+    read_candidates,
+    steps_mix,
+)
+from nanospec.stopwatch import Stopwatch
+
+
+def simulate(ctl: StepController, accept: list[float], cost, cycles: int, batch: int = 1,
+             seed: int = 0) -> list[int]:
+    """Run ``cycles`` decode cycles the way the plugin drives the controller; returns the k of each.
+    accept[d]: acceptance of depth d+1 given depth d; cost(k): seconds of a k-step cycle."""
+    rng = random.Random(seed)
+    ks = []
+    for _ in range(cycles):
+        k = ctl.get_steps_for_batch(batch)
+        ctl.launched(batch, k)
+        ctl.record("cycle", batch, k, cost(k) * (1 + 0.02 * rng.random()))
+        counts = []
+        for _ in range(batch):
+            n = 0
+            while n < k and rng.random() < accept[n]:
+                n += 1
+            counts.append(n)
+        ctl.on_verify_complete(counts, batch)
+        ks.append(k)
+    return ks
+
+
+def best_k(accept, cost, candidates):
+    return max(candidates, key=lambda k: expected_tokens(accept, k) / cost(k))
+
+
+def test_expected_tokens_is_one_plus_the_products_of_depth_acceptance():
+    assert expected_tokens([0.5, 0.5, 0.5], 0) == 1.0
+    assert expected_tokens([0.5, 0.5, 0.5], 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert expected_tokens([0.8, 0.5], 2) == pytest.approx(1 + 0.8 + 0.4)
+
+
+@pytest.mark.parametrize("accept, verify, draft, want", [
+    ([0.05, 0.05, 0.05], 1.0, 0.20, 0),   # drafts that never land: plain decoding
+    ([0.35, 0.30, 0.30], 1.0, 0.05, 1),   # today's CPU drafts, a cheap step: one step
+    ([0.90, 0.85, 0.80], 1.0, 0.05, 3),   # a strong draft: the whole chain
+    ([0.80, 0.60, 0.20], 1.0, 0.10, 2),   # the third depth stops paying
+])
+def test_controller_settles_on_the_step_count_with_most_tokens_per_second(accept, verify, draft, want):
+    candidates = [0, 1, 2, 3]
+    cost = lambda k: verify + 0.05 * (k + 1) + draft * k  # noqa: E731
+    assert best_k(accept, cost, candidates) == want
+    ctl = StepController({1: candidates}, initial_steps=3)
+    ks = simulate(ctl, accept, cost, 600)
+    tail = ks[-300:]
+    assert tail.count(want) / len(tail) >= 0.85, (want, {k: tail.count(k) for k in candidates})
+
+
+def test_learned_acceptance_per_depth_matches_the_rates_drafted_at():
+    accept = [0.6, 0.5, 0.3]
+    ctl = StepController({1: [3]}, initial_steps=3, config=ControllerConfig(keep=1.0))
+    simulate(ctl, accept, lambda k: 1.0, 3000, batch=4)
+    got = ctl.acceptance(ctl.buckets[1])
+    assert got == pytest.approx(accept, abs=0.04)
+
+
+def test_a_bucket_that_fell_back_to_plain_decoding_probes_again_and_follows_a_better_draft():
+    candidates = [0, 1, 2, 3]
+    cost = lambda k: 1.0 + 0.1 * k  # noqa: E731
+    ctl = StepController({1: candidates}, initial_steps=3)
+    poor = simulate(ctl, [0.02, 0.02, 0.02], cost, 400)
+    assert poor[-100:].count(0) >= 90
+    good = simulate(ctl, [0.9, 0.9, 0.9], cost, 800, seed=1)
+    assert good[-200:].count(3) >= 180  # the decayed counts let it try drafting again
+
+
+def test_each_verify_result_counts_for_the_step_count_its_cycle_ran_with():
+    # Under the overlap scheduler cycle i+1 is launched before cycle i's result is read.
+    ctl = StepController({1: [0, 1, 3]}, initial_steps=3, config=ControllerConfig(keep=1.0))
+    ctl.launched(1, 1)
+    ctl.launched(1, 3)
+    ctl.on_verify_complete([1], 1)   # k=1 cycle: depth 1 accepted, nothing deeper tried
+    ctl.on_verify_complete([2], 1)   # k=3 cycle: depths 1-2 accepted, depth 3 rejected
+    b = ctl.buckets[1]
+    assert b.tries == [2.0, 1.0, 1.0] and b.hits == [2.0, 1.0, 0.0]
+    ctl.launched(1, 0)
+    ctl.on_verify_complete([0], 1)  # a plain-decoding cycle tells nothing about depths
+    assert b.tries == [2.0, 1.0, 1.0]
+
+
+def test_warm_up_times_every_candidate_before_choosing_by_cost():
+    ctl = StepController({1: [0, 1, 2]}, initial_steps=2)
+    ks = simulate(ctl, [0.5, 0.5], lambda k: 1.0, 9)
+    need = ctl.config.warmup_cycles + 1
+    assert ks[:3 * need] == [2] * need + [0] * need + [1] * need
+
+
+def test_buckets_learn_apart_and_route_like_sglang():
+    ctl = StepController({1: [0, 1, 2, 3], 8: [0, 1]}, initial_steps=1)
+    assert ctl.route(1) == 1 and ctl.route(7) == 1 and ctl.route(8) == 8 and ctl.route(50) == 8
+    ctl.set_cuda_graph_bs([1, 2, 4, 8, 16])
+    assert ctl.route(5) == 8  # padded to the captured batch size 8 first
+    assert ctl.cuda_graph_bs_for_step(3) == [1, 2, 4]
+    assert ctl.cuda_graph_bs_for_step(1) == [1, 2, 4, 8, 16]
+    simulate(ctl, [0.9, 0.9, 0.9], lambda k: 1.0 + 0.05 * k, 200, batch=1)
+    simulate(ctl, [0.9, 0.9, 0.9], lambda k: 1.0 + 0.05 * k, 200, batch=16)
+    assert ctl.buckets[1].choice == 3 and ctl.buckets[8].choice == 1  # 8's candidates stop at 1
+
+
+def test_report_gives_the_cost_model_and_the_mix_of_step_counts():
+    ctl = StepController({1: [0, 1, 2]}, initial_steps=2)
+    simulate(ctl, [0.6, 0.4], lambda k: 1.0 + 0.2 * k, 100)
+    ctl.record("draft", 1, 2, 0.4)
+    rep = json.loads(json.dumps(ctl.report()))
+    b = rep["buckets"]["1"]
+    assert set(b) >= {"accept_per_depth", "expected_tokens", "cycle_ms", "tok_per_s", "ran", "draft_ms"}
+    assert sum(b["ran"].values()) == 100
+    assert steps_mix(rep).startswith("k=0 ")
+    assert rep["decide_us"] > 0
+
+
+def test_candidates_read_sglangs_adaptive_config_format(tmp_path):
+    f = tmp_path / "adaptive.json"
+    f.write_text(json.dumps({"ema_alpha": 0.2, "1": {"candidate_steps": [1, 3, 0], "up_hysteresis": 0.0},
+                             "16": {"candidate_steps": [0]}}))
+    assert read_candidates(f, 3) == {1: [0, 1, 3], 16: [0]}
+    assert read_candidates(None, 2) == {bs: [0, 1, 2] for bs in (1, 2, 4, 8, 16, 32, 64)}
+
+
+@pytest.mark.parametrize("content, words", [
+    ({"1": {"candidate_steps": [0, 5]}}, "exceeds --speculative-num-steps 3"),
+    ({"1": {"candidate_steps": []}}, "batch size 1: candidate_steps"),
+    ({"2": {"candidate_steps": [1, -1]}}, "batch size 2: candidate_steps"),
+    ({"ema_alpha": 0.1}, "no batch-size key"),
+    ([1, 2], "expected an object"),
+])
+def test_a_bad_adaptive_config_is_refused_naming_the_file_and_key(tmp_path, content, words):
+    f = tmp_path / "adaptive.json"
+    f.write_text(json.dumps(content))
+    with pytest.raises(ValueError, match=words) as e:
+        read_candidates(f, 3)
+    assert str(f) in str(e.value)
+
+
+def test_sglangs_adaptive_controller_swaps_the_states_the_policy_picks():
+    adaptive = pytest.importorskip("sglang.srt.speculative.adaptive_runtime_state")
+
+    class Worker:  # SGLang's AdaptiveSpecWorker protocol, recording the swaps
+        speculative_num_steps = 3
+
+        def __init__(self):
+            self.applied = []
+
+        def build_adaptive_runtime_state(self, speculative_num_steps, speculative_num_draft_tokens,
+                                         cuda_graph_bs=None):
+            return adaptive.SpecRuntimeState(speculative_num_steps, speculative_num_draft_tokens,
+                                             None, None, None, None, None, None)
+
+        def apply_runtime_state(self, state):
+            self.speculative_num_steps = state.speculative_num_steps
+            self.applied.append(state.speculative_num_steps)
+
+    worker, ctl = Worker(), StepController({1: [0, 1, 2, 3]}, initial_steps=3)
+    controller = adaptive.AdaptiveController(worker, ctl)
+    controller.register(worker.build_adaptive_runtime_state(3, 4))
+    controller.init_states(cuda_graph_bs=None)
+    rng = random.Random(0)
+    for _ in range(300):
+        controller.activate_step_by_batch(1)
+        k = worker.speculative_num_steps
+        ctl.launched(1, k)
+        ctl.record("cycle", 1, k, 1.0 + 0.5 * k)  # drafting never pays here
+        controller.on_verify_complete([int(k > 0 and rng.random() < 0.1)], 1)
+    assert worker.speculative_num_steps == 0
+    assert set(worker.applied) == {0, 1, 2, 3}
+
+
+class FakeEvent:
+    """A CUDA event stand-in: ``done`` says whether the device has reached it."""
+
+    def __init__(self, clock):
+        self.clock, self.t, self.done = clock, None, False
+
+    def record(self):
+        self.t = self.clock[0]
+
+    def query(self):
+        return self.done
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3
+
+
+def test_stopwatch_on_a_gpu_reads_an_interval_only_once_the_device_passed_it():
+    clock = [0.0]
+    events = []
+
+    def factory():
+        events.append(FakeEvent(clock))
+        return events[-1]
+
+    watch = Stopwatch("cuda", event_factory=factory)
+    a = watch.stamp()
+    clock[0] = 0.25
+    b = watch.stamp()
+    watch.interval("x", a, b)
+    assert watch.poll() == []  # not reached yet: nothing read, nothing waited for
+    b.done = True
+    assert watch.poll() == [("x", pytest.approx(0.25))]
+    assert watch.poll() == []
+
+
+def test_stopwatch_on_cpu_reports_wall_time_in_order():
+    watch = Stopwatch("cpu")
+    a = watch.stamp()
+    b = watch.stamp()
+    watch.interval("first", a, b)
+    watch.interval("second", a, watch.stamp())
+    got = watch.poll()
+    assert [k for k, _ in got] == ["first", "second"] and all(s >= 0 for _, s in got)
