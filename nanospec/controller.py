@@ -10,8 +10,9 @@ own work between two cycles), so whatever a step costs on this host is priced, n
 Both are forgetting averages, so a bucket follows a workload that changes; a depth seldom tried
 leans on a prior (depth 1: ``prior_accept``; deeper: the rate of the depth above). Until every
 candidate of a bucket has been timed, the bucket runs the untimed ones in turn; after that, one cycle
-in ``probe_every`` runs one step more than the choice, so a bucket that settled on fewer steps, or on
-none, still sees whether deeper drafts have started to land.
+in ``probe_every`` runs a neighbour of the choice (one step more, then one less, in turn), so a bucket
+that settled on fewer steps, or on none, still sees whether deeper drafts have started to land, and
+the costs of the step counts around its choice stay measured.
 
 The class speaks SGLang's ``AdaptiveSpecPolicy`` protocol (``candidate_steps``, ``set_cuda_graph_bs``,
 ``get_steps_for_batch``, ``on_verify_complete``, ``cuda_graph_bs_for_step``) so SGLang's own
@@ -36,9 +37,9 @@ class ControllerConfig:
     """keep: retention of a depth's acceptance counts per request drafted to that depth (0.98: about
     the last 50). cost_alpha: weight of a new cycle time in its average. prior_accept, prior_weight:
     the prior depth-1 acceptance and its weight in pseudo-requests. warmup_cycles: timed cycles of
-    each candidate before the bucket chooses by cost. probe_every: cycles between two probes one step
-    above the choice (0: never). margin: a new choice must beat the current one by this fraction (no
-    flapping between near-equal choices)."""
+    each candidate before the bucket chooses by cost. probe_every: cycles between two probes of a
+    neighbouring step count (0: never). margin: a new choice must beat the current one by this
+    fraction (no flapping between near-equal choices)."""
 
     keep: float = 0.98
     cost_alpha: float = 0.2
@@ -137,6 +138,7 @@ class Bucket:
     choice: int = 0
     cycles: int = 0
     since_probe: int = 0
+    probes: int = 0
 
     def __post_init__(self) -> None:
         self.hits = [0.0] * self.depth
@@ -268,7 +270,7 @@ class StepController:
     def choose(self, b: Bucket) -> int:
         """The step count the bucket runs next: an under-timed candidate while warming up (the
         current one first); else the fastest by E(k)/C(k), unless the last choice is within
-        ``margin`` of it; every ``probe_every`` cycles, one candidate above that."""
+        ``margin`` of it; every ``probe_every`` cycles, a candidate next to that."""
         need = self.config.warmup_cycles + 1  # + the unpriced first cycle
         if b.timed.get(b.current, 0) < need:
             b.choice = b.current
@@ -282,11 +284,15 @@ class StepController:
         last = r.get(b.choice)
         if last is None or r[best] > last * (1 + self.config.margin):
             b.choice = best
-        b.since_probe += 1
-        above = [k for k in b.candidates if k > b.choice]
-        if self.config.probe_every and b.since_probe >= self.config.probe_every and above:
+        i = b.candidates.index(b.choice)
+        near = [b.candidates[j] for j in (i + 1, i - 1) if 0 <= j < len(b.candidates)]
+        if self.config.probe_every and b.since_probe >= self.config.probe_every and near:
+            # The neighbours in turn: above, to see deeper drafts land; below, so that its cost
+            # (timed once, maybe while the host was busy or cold) is measured again.
             b.since_probe = 0
-            return above[0]
+            b.probes += 1
+            return near[b.probes % len(near)]
+        b.since_probe += 1
         return b.choice
 
     def report(self) -> dict:

@@ -97,6 +97,8 @@ def test_settings_default_to_the_paper_values():
     s = load_settings({})
     assert (s.vocab.k_pre, s.vocab.k_ver, s.vocab.w_max, s.vocab.sources, s.vocab.gather, s.head) == (
         3, 3, 3072, "full", "async", "auto")
+    assert s.steps == "auto"  # the cost-aware step controller is on unless pinned
+    assert load_settings({"NANOSPEC_STEPS": "Fixed"}).steps == "fixed"
 
 
 def test_settings_come_from_yaml_then_environment(tmp_path):
@@ -113,11 +115,48 @@ def test_settings_come_from_yaml_then_environment(tmp_path):
     ({"NANOSPEC_SOURCES": "prompt"}, "sources"),
     ({"NANOSPEC_GATHER": "sync"}, "gather"),
     ({"NANOSPEC_HEAD": "tiny"}, "head"),
+    ({"NANOSPEC_STEPS": "adaptive"}, "steps"),
     ({"NANOSPEC_CONFIG": "/nonexistent/nanospec.yaml"}, "NANOSPEC_CONFIG"),
 ])
 def test_invalid_settings_raise_naming_the_setting(env, words):
     with pytest.raises(ValueError, match=words):
         load_settings(env)
+
+
+def _launch_args(**kw):
+    return SimpleNamespace(**{"speculative_adaptive": False, "speculative_adaptive_config": None,
+                              "speculative_num_steps": 3, **kw})
+
+
+def test_adaptive_flags_are_the_step_controllers_and_a_bad_config_stops_the_launch(tmp_path):
+    from nanospec.sglang.algo import check_steps
+
+    auto, fixed = load_settings({}), load_settings({"NANOSPEC_STEPS": "fixed"})
+    check_steps(_launch_args(speculative_adaptive=True), auto)  # SGLang's flag: NanoSpec's controller
+    with pytest.raises(ValueError, match="NANOSPEC_STEPS=fixed"):
+        check_steps(_launch_args(speculative_adaptive=True), fixed)
+    f = tmp_path / "adaptive.json"
+    f.write_text('{"1": {"candidate_steps": [0, 4]}}')
+    with pytest.raises(ValueError, match="exceeds --speculative-num-steps 3"):
+        check_steps(_launch_args(speculative_adaptive_config=str(f)), auto)
+    f.write_text('{"probe_every": -1, "1": {"candidate_steps": [0, 1]}}')
+    with pytest.raises(ValueError, match="probe_every"):
+        check_steps(_launch_args(speculative_adaptive_config=str(f)), auto)
+
+
+def test_cpu_launch_turns_off_decode_graphs_for_the_step_states(caplog):
+    from sglang.srt.model_executor.cuda_graph_config import Backend, default_cuda_graph_config
+
+    from nanospec.sglang.algo import NanoSpecAlgo
+
+    args = SimpleNamespace(speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4,
+                           max_running_requests=4, device="cpu", disable_overlap_schedule=True,
+                           enable_mixed_chunk=False, cuda_graph_config=default_cuda_graph_config())
+    assert args.cuda_graph_config.decode.backend != Backend.DISABLED
+    with caplog.at_level("WARNING", logger="nanospec.sglang.seam"):
+        NanoSpecAlgo("NANOSPEC_T", lambda a: None).handle_server_args(args)
+    assert args.cuda_graph_config.decode.backend == Backend.DISABLED
+    assert any(r.getMessage().startswith("NANOSPEC sets cuda_graph_config") for r in caplog.records)
 
 
 def test_unknown_yaml_key_is_rejected(tmp_path):

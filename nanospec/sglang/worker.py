@@ -190,8 +190,8 @@ class NanoSpecWorker(EAGLEWorkerV2):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         self.steps: StepController | None = None
         self.watch = Stopwatch(self.device)
-        self._cycle = None  # (batch size, steps, start stamp) of the decode cycle under way
-        self._verify_at = None  # this cycle's verify start stamp
+        self.nano_cycle = None  # (batch size, steps, start stamp) of the decode cycle under way
+        self.nano_verify_at = None  # this cycle's verify start stamp
         if self._draft_worker is not None:
             self.steps = build_controller(server_args, self.speculative_num_steps, self.topk)
             if self.steps is not None:
@@ -211,18 +211,18 @@ class NanoSpecWorker(EAGLEWorkerV2):
             return super().forward_batch_generation(batch, *args, **kwargs)
         decode = is_decode(batch)
         now = self.watch.stamp()
-        if self._cycle is not None and decode:
-            bs, k, start = self._cycle
+        if self.nano_cycle is not None and decode:
+            bs, k, start = self.nano_cycle
             self.watch.interval(("cycle", bs, k), start, now)
-        self._cycle = None
+        self.nano_cycle = None
         out = super().forward_batch_generation(batch, *args, **kwargs)
         if decode:
             bs, k = int(batch.seq_lens.shape[0]), self.speculative_num_steps
             self.steps.launched(bs, k)
-            if self._verify_at is not None:
-                self.watch.interval(("draft", bs, k), now, self._verify_at)
-            self._cycle = (bs, k, now)
-        self._verify_at = None
+            if self.nano_verify_at is not None:
+                self.watch.interval(("draft", bs, k), now, self.nano_verify_at)
+            self.nano_cycle = (bs, k, now)
+        self.nano_verify_at = None
         for (kind, bs, k), seconds in self.watch.poll():
             self.steps.record(kind, bs, k, seconds)
         if decode and self.steps.decisions % REPORT_EVERY == 0:
@@ -233,7 +233,7 @@ class NanoSpecWorker(EAGLEWorkerV2):
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
         timed = self.steps is not None
         if timed:
-            self._verify_at = self.watch.stamp()
+            self.nano_verify_at = self.watch.stamp()
         verify_input = batch.spec_info
         result = super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
         if not batch.forward_mode.is_idle() and self._draft_worker is not None:
@@ -247,5 +247,5 @@ class NanoSpecWorker(EAGLEWorkerV2):
             )
         if timed:
             self.watch.interval(("verify", int(batch.seq_lens.shape[0]), self.speculative_num_steps),
-                                self._verify_at, self.watch.stamp())
+                                self.nano_verify_at, self.watch.stamp())
         return result
