@@ -25,8 +25,10 @@ CHART_DIR = "charts"  # under docs/results/
 METHOD_LABELS = {
     "ar": "AR",
     "eagle3": "EAGLE3",
+    "eagle3-adaptive": "EAGLE3, SGLang's --speculative-adaptive",
     "eagle3-static": "EAGLE3, static top-32k head",
     "nanospec": "NANOSPEC",
+    "nanospec-fixed": "NANOSPEC, fixed chain",
     "nanospec-static": "NANOSPEC over the static top-32k head",
     "nanospec-context": "NANOSPEC, context only",
     "nanospec-extension": "NANOSPEC, extension only",
@@ -365,6 +367,24 @@ def draft_block(results: Path, entry: dict[str, Any]) -> tuple[str, Chart | None
     return md, chart
 
 
+def steps_block(results: Path, entry: dict[str, Any]) -> tuple[str, Chart | None]:
+    """tune.json of ``python -m nanospec.bench.tune``: every configuration, the controller's ratios
+    and its learned cost model, rendered by the tool's own Markdown writer."""
+    from nanospec.bench import tune
+
+    path = results / entry["path"]
+    data = read_json(path)
+    summary = field(data, path, "summary")
+    ar = summary.get("ar", {}).get("overall")
+    ar_ms = 1e3 * ar["wall_s"] / ar["tokens"] if ar and ar.get("tokens") else None
+    md = tune.markdown(summary, field(data, path, "ratios"), data.get("cost_model"), ar_ms,
+                       field(data, path, "meta")).rstrip()
+
+    def chart(out: Path) -> None:
+        tune.plot(summary, out, f"{entry.get('label', path.parent.name)}: tok/s per configuration")
+    return md, chart
+
+
 # name in docs/results.md -> (renderer, record names in records.json)
 BLOCKS: dict[str, tuple[Callable[..., tuple[str, Chart | None]], list[str]]] = {
     "head": (head_block, ["head"]),
@@ -375,6 +395,7 @@ BLOCKS: dict[str, tuple[Callable[..., tuple[str, Chart | None]], list[str]]] = {
     "ablation": (ablation_block, ["ablation_smollm2"]),
     "cpu_costs": (cpu_costs_block, ["cpu_costs"]),
     "draft": (draft_block, ["draft_smollm2"]),
+    "steps": (steps_block, ["steps_smollm2"]),
 }
 
 

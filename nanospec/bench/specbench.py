@@ -124,7 +124,7 @@ def answer_all(generate, tokenizer, questions: list[dict], max_new_tokens: int, 
 def run_method(method: Method, target: str, base_args: list[str], env: dict[str, str], tokenizer,
                questions: list[dict], max_new_tokens: int, max_turns: int, log_dir: Path,
                ignore_eos: bool = False) -> dict:
-    log = log_dir / f"{method.name}.log"
+    log = log_dir / (re.sub(r"[^A-Za-z0-9_.-]+", "_", method.name) + ".log")  # "eagle3 3/1/4" -> eagle3_3_1_4
     t0 = time.perf_counter()
     with Server(target, base_args + method.args, {**env, **method.env}, log) as srv:
         started = time.perf_counter() - t0
