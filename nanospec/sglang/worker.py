@@ -1,11 +1,13 @@
 """``NANOSPEC`` workers: SGLang's EAGLE v2 workers with the draft LM head over dynamic vocabularies.
 
 Everything SGLang does for EAGLE/EAGLE3 (tree drafting, verification, KV bookkeeping, overlap
-scheduling, CUDA graphs) is inherited unchanged; NanoSpec adds four things:
+scheduling, CUDA graphs, per-step runtime states) is inherited unchanged; NanoSpec adds five things:
   1. prefill: start each request's stream from its prompt and the target's top-K_pre;
   2. every draft logit (draft steps and draft-extend) comes from the core ``Proposer``;
   3. after each verify: telemetry, then append tree tokens and the accepted path's top-K_ver;
-  4. request end: release the slot and attach telemetry for meta_info.
+  4. request end: release the slot and attach telemetry for meta_info;
+  5. with NANOSPEC_STEPS=auto: each decode cycle timed (stopwatch.Stopwatch) for the step controller
+     (nanospec/controller.py), which SGLang's AdaptiveController asks for the step count of a batch.
 The draft and draft-extend entries also wait for queued gathers before a possible CUDA-graph replay
 and skip a graph captured with another head than the current choice (docs/plugin.md, GPU features).
 """
