@@ -71,15 +71,17 @@ def test_missing_data_or_questions_are_clear_errors(target, tmp_path):
         demo.main(["--model", str(target), "--questions", str(tmp_path / "none.jsonl")])
 
 
-def test_overall_table_lists_every_method_against_ar():
+def test_overall_table_lists_every_method_against_ar_with_what_it_ran():
     summary = {"ar": {"overall": {"tok_s": 10.0, "speedup": 1.0, "accept": None, "active_vocab": None,
-                                  "equal_ar": True}},
+                                  "equal_ar": True, "config": "plain decoding"}},
                "nanospec": {"overall": {"tok_s": 12.5, "speedup": 1.25, "accept": 1.8, "active_vocab": 812.4,
-                                        "equal_ar": False}}}
+                                        "equal_ar": False, "config": "controller: k=0 10%, k=1 90%"}}}
     lines = demo.overall_table(summary).splitlines()
-    assert lines[0].split() == ["method", "tok/s", "vs", "AR", "accepted/step", "active", "vocab", "=", "AR"]
-    assert lines[1].split() == ["ar", "10.00", "1.00x", "-", "-", "yes"]
-    assert lines[2].split() == ["nanospec", "12.50", "1.25x", "1.80", "812", "no"]
+    assert lines[0].split() == ["method", "tok/s", "vs", "AR", "accepted/step", "active", "vocab", "=", "AR",
+                                "configuration"]
+    assert lines[1].split() == ["ar", "10.00", "1.00x", "-", "-", "yes", "plain", "decoding"]
+    assert lines[2].split() == ["nanospec", "12.50", "1.25x", "1.80", "812", "no", "controller:", "k=0",
+                                "10%,", "k=1", "90%"]
 
 
 def shipped(monkeypatch, tmp_path, target, name="tiny"):

@@ -129,9 +129,9 @@ def test_results_are_written_as_json_markdown_and_png(tmp_path):
     assert data["runs"][0]["method"] == "ar" and data["meta"]["target"] == "/m/tiny"
     md = paths[1].read_text().splitlines()
     assert md[0].startswith("| category | method |") and len(md) == 2 + 3 * 3
-    assert md[0].endswith("| = AR | draft step ms | draft step speed-up vs EAGLE3 |")
-    assert "| **overall** | nanospec | 2 | 30 | 15.00 | 2.00x | 3.33 | 300 | yes | - | - |" in md
-    assert "| b | eagle3 | 1 | 20 | 20.00 | 2.00x | 2.00 | - | no (1) | - | - |" in md
+    assert md[0].endswith("| = AR | draft step ms | draft step speed-up vs EAGLE3 | configuration |")
+    assert "| **overall** | nanospec | 2 | 30 | 15.00 | 2.00x | 3.33 | 300 | yes | - | - |  |" in md
+    assert "| b | eagle3 | 1 | 20 | 20.00 | 2.00x | 2.00 | - | no (1) | - | - |  |" in md
     png = paths[2].read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) < 200_000
 
@@ -152,6 +152,26 @@ def test_methods_map_to_algorithms_drafts_and_plugin_settings(tmp_path):
     assert ms["nanospec-context"].env == {**timed, "NANOSPEC_SOURCES": "context"}
     assert ms["nanospec-extension"].env == {**timed, "NANOSPEC_SOURCES": "extension"}
     assert ms["nanospec-indexed"].env == {**timed, "NANOSPEC_GATHER": "indexed"}
+    # NANOSPEC runs its step controller unless pinned; EAGLE3 adaptive is SGLang's own rule
+    assert ms["nanospec-fixed"].env == {**timed, "NANOSPEC_STEPS": "fixed"}
+    adaptive = ms["eagle3-adaptive"].args
+    assert adaptive[1] == "EAGLE3" and adaptive[-1] == "--speculative-adaptive"
+
+
+def test_the_table_says_what_each_method_ran():
+    spec = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "4"]
+    names = ["ar", "eagle3", "eagle3-adaptive", "nanospec"]
+    ms = {m.name: m for m in sb.make_methods(names, None, None, spec)}
+    report = {"buckets": {"1": {"ran": {"0": 1, "1": 3}}}}
+    log = ("x\nNANOSPEC steps report: " + json.dumps({"buckets": {}}) + "\n"
+           "NANOSPEC steps report: " + json.dumps(report) + "\n")
+    assert sb.steps_report_from_log(log) == report and sb.steps_report_from_log("nothing") is None
+    assert sb.method_config(ms["ar"], "", None) == "plain decoding"
+    assert sb.method_config(ms["eagle3"], "", None) == "steps 3, topk 1, 4 draft tokens"
+    assert sb.method_config(ms["nanospec"], log, report) == "controller: k=0 25%, k=1 75%"
+    moved = "Adaptive spec params updated: steps 3 -> 1 (ema)\nAdaptive spec params updated: steps 1 -> 3\n"
+    assert sb.method_config(ms["eagle3-adaptive"], moved, None) == "SGLang adaptive (steps [1, 3])"
 
 
 def test_bad_command_lines_are_rejected(capsys):
@@ -198,15 +218,15 @@ def test_draft_step_speedup_is_eagle3_draft_time_over_each_methods():
     assert s["eagle3-static"]["overall"]["draft_speedup"] is None
     assert "draft_ms" not in s["nanospec"]["a"]  # one server run per method: overall only
     md = sb.markdown(s).splitlines()
-    assert "| **overall** | nanospec | 2 | 30 | 15.00 | 2.00x | 3.33 | 300 | yes | 40.00 | 3.00x |" in md
-    assert "| **overall** | ar | 2 | 30 | 7.50 | 1.00x | - | - | yes | - | - |" in md
-    assert "| a | nanospec | 1 | 10 | 10.00 | 2.00x | 2.50 | 200 | yes | - | - |" in md
+    assert "| **overall** | nanospec | 2 | 30 | 15.00 | 2.00x | 3.33 | 300 | yes | 40.00 | 3.00x |  |" in md
+    assert "| **overall** | ar | 2 | 30 | 7.50 | 1.00x | - | - | yes | - | - |  |" in md
+    assert "| a | nanospec | 1 | 10 | 10.00 | 2.00x | 2.50 | 200 | yes | - | - |  |" in md
 
 
 def test_without_an_eagle3_run_there_is_no_draft_speedup():
     s = sb.summarize([TIMED_RUNS[0], TIMED_RUNS[1]])
     assert s["nanospec"]["overall"]["draft_ms"] == 40.0 and "draft_speedup" not in s["nanospec"]["overall"]
-    assert "| **overall** | nanospec | 2 | 30 | 15.00 | 2.00x | 3.33 | 300 | yes | 40.00 | - |" in (
+    assert "| **overall** | nanospec | 2 | 30 | 15.00 | 2.00x | 3.33 | 300 | yes | 40.00 | - |  |" in (
         sb.markdown(s).splitlines())
 
 
@@ -353,6 +373,6 @@ def test_make_tiny_run_benchmarks_the_tiny_pair_and_says_how_the_static_head_was
     assert "own prompts" in meta["static_head"] and meta["draft"] == str(draft)
     printed = capsys.readouterr().out
     assert "static draft: static top-64 head chosen from the benchmark's own prompts" in printed
-    assert "| **overall** | nanospec |" in printed and "| 30.00 | 3.00x |" in printed
+    assert "| **overall** | nanospec |  |" in printed and "| 30.00 | 3.00x |" in printed
     assert "draft step 30.00 ms" in printed
 
