@@ -69,8 +69,11 @@ def accept_lengths(agree):
     prompts = [list(range(100, 140)) + [99], list(range(400, 380, -1)) + [379],
                _extension_only_prompt(top3, 300)]
     runs = {}
-    context = {"NANOSPEC_W_MAX": W_MAX, "NANOSPEC_SOURCES": "context"}
-    for name, algo, env in [("eagle3", "EAGLE3", {}), ("full", "NANOSPEC", {"NANOSPEC_W_MAX": W_MAX}),
+    # The fixed chain: accept lengths at EAGLE3's tree (the step controller would run other step
+    # counts while it learns).
+    fixed = {"NANOSPEC_W_MAX": W_MAX, "NANOSPEC_STEPS": "fixed"}
+    context = {**fixed, "NANOSPEC_SOURCES": "context"}
+    for name, algo, env in [("eagle3", "EAGLE3", {}), ("full", "NANOSPEC", fixed),
                             ("context", "NANOSPEC", context)]:
         with server(target, spec_args(algo, draft) + TREE, logs, f"agree_{name}", env=env) as srv:
             runs[name] = _run(srv, prompts)

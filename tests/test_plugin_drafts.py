@@ -34,7 +34,9 @@ V = 512
 NEW = 24
 TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
         "--speculative-num-draft-tokens", "4"]
-NANO_ENV = {"NANOSPEC_HEAD": "packed", "NANOSPEC_W_MAX": "256"}
+# The fixed chain: accept lengths are compared with SGLang's at the same tree (the step controller would
+# run other step counts while it learns).
+NANO_ENV = {"NANOSPEC_HEAD": "packed", "NANOSPEC_W_MAX": "256", "NANOSPEC_STEPS": "fixed"}
 # The agreeing draft's answer to token t is t + 1. NANOSPEC can propose it only once it is in the
 # request's vocabulary (the prompt, the target's top-k), so the acceptance comparison uses prompts that
 # hold their own continuation (a chain, one across the vocabulary's end): there the heads are compared,

@@ -20,7 +20,9 @@ TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
         "--speculative-num-draft-tokens", "4"]
 # The packed head over each request's own vocabulary (the automatic choice would take the full
 # head on a 512-token vocabulary, where the draft never depends on the dynamic vocabulary).
-NANO_ENV = {"NANOSPEC_HEAD": "packed", "NANOSPEC_W_MAX": "256"}
+# The fixed chain: accept lengths are compared with SGLang's at the same tree (the step controller would
+# run other step counts while it learns).
+NANO_ENV = {"NANOSPEC_HEAD": "packed", "NANOSPEC_W_MAX": "256", "NANOSPEC_STEPS": "fixed"}
 # Answer in the prompt (0), answer absent (1, 2), answer half in the prompt across the wrap (3).
 ID_PROMPTS = [list(range(100, 140)) + [99], list(range(500, V)) + [499]]
 MIXED = [ID_PROMPTS[0], PROMPTS[1], PROMPTS[3], ID_PROMPTS[1]]
