@@ -136,7 +136,11 @@ def reference(pair) -> dict:
 @pytest.fixture(scope="module")
 def nano(pair, reference) -> dict:
     target, draft, logs = pair
-    with server(target, spec_args("NANOSPEC", draft), logs, "nanospec", env={"NANOSPEC_W_MAX": "64"}) as srv:
+    # The fixed chain, so that every penalty case is drafted several tokens deep from its first step (the
+    # guard below); the step controller's switching is checked lossless in test_plugin_server.py and
+    # under sampling by test_plugin_distribution.py.
+    env = {"NANOSPEC_W_MAX": "64", "NANOSPEC_STEPS": "fixed"}
+    with server(target, spec_args("NANOSPEC", draft), logs, "nanospec", env=env) as srv:
         return _serve_all(srv)
 
 
