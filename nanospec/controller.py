@@ -60,14 +60,18 @@ class ControllerConfig:
             raise ValueError("controller warmup_cycles must be >= 1, margin and probe_every >= 0")
 
 
-def read_candidates(path: str | Path | None, max_steps: int) -> dict[int, list[int]]:
-    """Batch-size bucket -> candidate step counts, from SGLang's adaptive config JSON (integer-string
-    keys holding ``{"candidate_steps": [...]}``; its other keys are SGLang's accept-length rule's and
-    are not used here) or, without a file, 0..max_steps for every bucket of ``DEFAULT_BUCKETS``.
-    ValueError naming the file and key for anything else, or for a candidate above ``max_steps``
-    (the chain the server was sized for, ``--speculative-num-steps``)."""
+def read_adaptive_config(path: str | Path | None, max_steps: int) -> tuple[dict[int, list[int]],
+                                                                           ControllerConfig]:
+    """(batch-size bucket -> candidate step counts, controller settings) from SGLang's adaptive config
+    JSON, read once. Integer-string keys hold ``{"candidate_steps": [...]}`` (their other keys are
+    SGLang's accept-length rule's and are not used here); top-level keys named as
+    ``ControllerConfig``'s fields (``probe_every``, ``keep``, ...) tune the controller, SGLang's own
+    top-level keys (``ema_alpha``, ...) are skipped. Without a file: 0..max_steps for every bucket of
+    ``DEFAULT_BUCKETS`` and the default settings. ValueError naming the file and key for anything
+    else, or for a candidate above ``max_steps`` (the chain the server was sized for,
+    ``--speculative-num-steps``)."""
     if path is None:
-        return {bs: list(range(max_steps + 1)) for bs in DEFAULT_BUCKETS}
+        return {bs: list(range(max_steps + 1)) for bs in DEFAULT_BUCKETS}, ControllerConfig()
     try:
         raw = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -91,21 +95,17 @@ def read_candidates(path: str | Path | None, max_steps: int) -> dict[int, list[i
     if not out:
         raise ValueError(f'adaptive config {path}: no batch-size key such as "1": '
                          '{"candidate_steps": [0, 1, 2, 3]}')
-    return out
-
-
-def read_config(path: str | Path | None) -> ControllerConfig:
-    """The controller's settings from the top level of the same adaptive config JSON: keys named as
-    ``ControllerConfig``'s fields (``probe_every``, ``keep``, ...); SGLang's own top-level keys
-    (``ema_alpha``, ...) are not ours and are skipped. Defaults without a file."""
-    if path is None:
-        return ControllerConfig()
-    raw = json.loads(Path(path).read_text())  # read_candidates has vetted the file
-    names = {f for f in ControllerConfig.__dataclass_fields__}
+    names = set(ControllerConfig.__dataclass_fields__)
     try:
-        return ControllerConfig(**{k: v for k, v in raw.items() if k in names})
+        config = ControllerConfig(**{k: v for k, v in raw.items() if k in names})
     except (TypeError, ValueError) as e:
         raise ValueError(f"adaptive config {path}: {e}") from None
+    return out, config
+
+
+def ema(old: float | None, new: float, alpha: float) -> float:
+    """Exponential moving average of a measured time; the first measurement is taken as is."""
+    return new if old is None else (1 - alpha) * old + alpha * new
 
 
 def expected_tokens(accept: list[float], k: int) -> float:
@@ -136,7 +136,6 @@ class Bucket:
     ran: dict[int, int] = field(default_factory=dict)
     current: int = 0
     choice: int = 0
-    cycles: int = 0
     since_probe: int = 0
     probes: int = 0
 
@@ -146,6 +145,11 @@ class Bucket:
         self.cycle_s = {k: None for k in self.candidates}
         self.timed = dict.fromkeys(self.candidates, 0)
         self.ran = dict.fromkeys(self.candidates, 0)
+
+    @property
+    def cycles(self) -> int:
+        """Cycles priced so far (each step count's first timed cycle is not)."""
+        return sum(max(n - 1, 0) for n in self.timed.values())
 
 
 class StepController:
@@ -231,12 +235,10 @@ class StepController:
             b.timed[k] += 1
             if b.timed[k] == 1:  # the first cycle after a switch pays one-off work: not priced
                 return
-            old = b.cycle_s[k]
-            b.cycle_s[k] = seconds if old is None else (1 - a) * old + a * seconds
-            b.cycles += 1
+            b.cycle_s[k] = ema(b.cycle_s[k], seconds, a)
         elif kind in ("draft", "verify") and b.timed[k]:  # not the first cycle's (see above)
             part = b.draft_s if kind == "draft" else b.verify_s
-            part[k] = seconds if k not in part else (1 - a) * part[k] + a * seconds
+            part[k] = ema(part.get(k), seconds, a)
 
     # -- the model ---------------------------------------------------------------------------
 
@@ -313,7 +315,6 @@ class StepController:
                 "tok_per_s": {k: None if v is None else round(v, 2) for k, v in r.items()},
             }
         return out
-
 
 
 def steps_mix(report: dict) -> str:

@@ -13,7 +13,7 @@ from nanospec.controller import (
     ControllerConfig,
     StepController,
     expected_tokens,
-    read_candidates,
+    read_adaptive_config,
     steps_mix,
 )
 from nanospec.stopwatch import Stopwatch
@@ -133,8 +133,8 @@ def test_candidates_read_sglangs_adaptive_config_format(tmp_path):
     f = tmp_path / "adaptive.json"
     f.write_text(json.dumps({"ema_alpha": 0.2, "1": {"candidate_steps": [1, 3, 0], "up_hysteresis": 0.0},
                              "16": {"candidate_steps": [0]}}))
-    assert read_candidates(f, 3) == {1: [0, 1, 3], 16: [0]}
-    assert read_candidates(None, 2) == {bs: [0, 1, 2] for bs in (1, 2, 4, 8, 16, 32, 64)}
+    assert read_adaptive_config(f, 3)[0] == {1: [0, 1, 3], 16: [0]}
+    assert read_adaptive_config(None, 2)[0] == {bs: [0, 1, 2] for bs in (1, 2, 4, 8, 16, 32, 64)}
 
 
 @pytest.mark.parametrize("content, words", [
@@ -148,7 +148,7 @@ def test_a_bad_adaptive_config_is_refused_naming_the_file_and_key(tmp_path, cont
     f = tmp_path / "adaptive.json"
     f.write_text(json.dumps(content))
     with pytest.raises(ValueError, match=words) as e:
-        read_candidates(f, 3)
+        read_adaptive_config(f, 3)
     assert str(f) in str(e.value)
 
 

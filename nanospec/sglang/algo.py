@@ -13,7 +13,7 @@ from pathlib import Path
 from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from nanospec.controller import read_candidates, read_config
+from nanospec.controller import read_adaptive_config
 from nanospec.sglang import seam
 from nanospec.sglang.drafts import check_draft
 from nanospec.sglang.flags import check_flags
@@ -124,8 +124,7 @@ def check_steps(server_args, settings) -> None:
     path = getattr(server_args, "speculative_adaptive_config", None)
     if path and settings.steps == "auto":
         steps = server_args.speculative_num_steps or DEFAULT_TREE["speculative_num_steps"]
-        read_candidates(path, int(steps))
-        read_config(path)
+        read_adaptive_config(path, int(steps))
 
 
 def validate_server_args(server_args) -> None:

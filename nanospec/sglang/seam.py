@@ -126,7 +126,7 @@ SEAM: tuple[Touchpoint, ...] = (
          attrs=("build_adaptive_runtime_state", "apply_runtime_state", "on_verify_complete_cpu",
                 "activate_step_by_batch", "_build_trivial_verify_input", "speculative_num_steps")),
     _row("sglang.srt.speculative.adaptive_spec_params.AdaptiveSpeculativeParams", "api",
-         "controller.read_candidates",
+         "controller.read_adaptive_config",
          "the --speculative-adaptive-config format (batch-size keys holding candidate_steps) NanoSpec "
          "reads; its accept-length rule is not used", "tests/test_controller.py",
          attrs=("candidate_steps", "set_cuda_graph_bs", "get_steps_for_batch", "on_verify_complete",

@@ -22,7 +22,7 @@ import torch
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
-from nanospec.controller import StepController, read_candidates, read_config
+from nanospec.controller import StepController, read_adaptive_config
 from nanospec.sglang import hooks, memory, seam
 from nanospec.sglang.runtime import Runtime
 from nanospec.sglang.settings import check_against_model, load_settings
@@ -89,7 +89,7 @@ def build_controller(server_args, steps: int, topk: int) -> StepController | Non
                        "tree is fixed at %d steps", topk, steps)
         return None
     path = getattr(server_args, "speculative_adaptive_config", None)
-    candidates, config = read_candidates(path, steps), read_config(path)
+    candidates, config = read_adaptive_config(path, steps)
     logger.info("NANOSPEC steps=auto: draft steps chosen per batch by measured cost; candidates %s; %s",
                 candidates, config)
     return StepController(candidates, initial_steps=steps, config=config)
