@@ -67,8 +67,9 @@ seed=0, agree=False) -> Path``
 ``SGLangServer(model_path, *, args=(), env=None, log_path=None, port=None, device="cpu",
 startup_timeout=600.0)``
     ``nanospec.bench.server.Server`` (start, stop, readiness, requests, log: see its docstring), with
-    the tests' defaults: with ``device="cpu"`` it adds ``--device cpu`` and ``--skip-server-warmup``
-    (unless given in ``args``) and ``OMP_NUM_THREADS=1`` (unless set in the environment or ``env``).
+    the tests' defaults: with ``device="cpu"`` it adds ``--device cpu``, ``--skip-server-warmup`` and
+    ``--sleep-on-idle`` (unless given in ``args``; an idle SGLang scheduler otherwise spins on a core)
+    and ``OMP_NUM_THREADS=1`` (unless set in the environment or ``env``).
     Nothing else: the installed ``nanospec.cpu`` start-up hook sets ``SGLANG_USE_CPU_ENGINE=1`` and a CPU
     default for ``--max-total-tokens`` (docs/cpu.md), so the server runs exactly as a user's would. The
     log is appended to, never truncated; ``generate`` has ``ignore_eos`` on by default.
@@ -445,7 +446,9 @@ def make_tiny(root, vocab_size: int, hidden: int) -> tuple[Path, Path]:
 # -- the SGLang server launcher of the tests -----------------------------------------------------------
 
 CPU_DEFAULTS: dict[str, str] = {}
-CPU_FLAGS = ("--skip-server-warmup",)
+# --sleep-on-idle: an idle scheduler otherwise spins a core; a test module keeps several servers up
+# at once, and on a 2-core host the idle ones starve the one at work (a start-up past 300 s).
+CPU_FLAGS = ("--skip-server-warmup", "--sleep-on-idle")
 
 
 class SGLangServer(Server):

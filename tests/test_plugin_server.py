@@ -6,6 +6,7 @@ random Llama target and a tiny full-vocabulary EAGLE-3 draft, both float32.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -69,6 +70,30 @@ def nano_switching(models):
 @pytest.fixture(scope="module")
 def reference(plain):
     return [output_ids(r) for r in generate_all(plain, PROMPTS, concurrent=False)]
+
+
+def _cpu_seconds(srv) -> float:
+    """CPU time so far of the server's processes (launcher, scheduler, detokenizer)."""
+    import psutil
+
+    root = psutil.Process(srv.process.pid)
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def test_idle_servers_leave_the_cores_to_the_busy_one(plain, nano, nano16):
+    # The module keeps these servers up while it starts more: an idle SGLang scheduler spins a core
+    # unless launched with --sleep-on-idle (the tests' launcher adds it), and on a 2-core host two
+    # spinning servers starve the start-up of a third past its time-out.
+    servers = (plain, nano, nano16)
+    before = [_cpu_seconds(s) for s in servers]
+    time.sleep(3.0)
+    used = [_cpu_seconds(s) - b for s, b in zip(servers, before, strict=True)]
+    assert all(u < 0.75 for u in used), used
 
 
 @pytest.mark.parametrize("concurrent", [False, True], ids=["one_at_a_time", "concurrent"])
@@ -172,7 +197,7 @@ def test_client_disconnects_and_aborts_leave_the_server_healthy(nano, plain, ref
 
 def test_many_requests_reuse_slots_without_growing_state(nano):
     first = None
-    for i in range(200):
+    for i in range(60):  # with the burst below, over twice the server's slots
         r = nano.generate(PROMPTS[i % len(PROMPTS)] + f" {i}", max_new_tokens=3)
         assert len(output_ids(r)) == 3
         if i == 9:
@@ -183,9 +208,9 @@ def test_many_requests_reuse_slots_without_growing_state(nano):
     state = last_state(nano.log_text())
     assert first is not None and state is not None
     assert state["bytes"] == first["bytes"]  # fixed-size state: no growth with traffic
-    assert state["started"] >= 250
+    assert state["started"] >= 110
     slots = int(re.search(r"; (\d+) slots, vocabulary state", nano.log_text()).group(1))
-    assert state["slots_used"] < slots < state["started"]  # 250+ requests in fewer slots: reused
+    assert state["slots_used"] < slots < state["started"]  # 110+ requests in fewer slots: reused
     assert state["live"] <= 1 and state["pending"] <= 1
 
 
