@@ -86,7 +86,7 @@ def _draft(root: Path, name: str) -> tuple[Path, list[str]]:
 
 def _reference(target: Path) -> list[list[int]]:
     """Plain decoding's greedy answer to each of ``MIXED``: the agreeing target maps every token t to t + 1
-    whatever precedes it (test_plugin_eagle2 checks this chain against a plain-decoding server), so the
+    whatever precedes it (test_plugin_eagle2 checks the chain against plain greedy decoding), so the
     answer continues from the prompt's last token."""
     from transformers import AutoTokenizer
 

@@ -1,14 +1,17 @@
 """NANOSPEC with an EAGLE(-2) draft (SGLang's ``LlamaForCausalLMEagle``) instead of an EAGLE-3 one.
 
-Three CPU servers on the agreeing tiny target (float32): plain decoding, SGLang's own ``EAGLE`` and
-``NANOSPEC``, both with the agreeing EAGLE-2 draft of ``make_tiny_eagle_draft``. The agreeing pair
-makes the builder checkable through a server: SGLang skips checkpoint names it does not know, so only
-an accept length at the maximum shows every weight landed where the construction put it.
+Two CPU servers on the agreeing tiny target (float32), SGLang's own ``EAGLE`` and ``NANOSPEC``, both
+with the agreeing EAGLE-2 draft of ``make_tiny_eagle_draft``, against plain greedy decoding of the target
+in transformers (the agreeing target's next token wins by a wide margin: no engine differs there).
+The agreeing pair makes the builder checkable through a server: SGLang skips checkpoint names it does
+not know, so only an accept length at the maximum shows every weight landed where the construction
+put it.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from nanospec.sglang.algo import draft_is_eagle3
 from tests.plugin_support import PROMPTS, generate_all, output_ids, server, spec_args
@@ -42,9 +45,21 @@ def _generate(srv, prompts) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def reference(models) -> list[list[int]]:
-    target, _, logs = models
-    with server(target, [], logs, "plain") as srv:
-        return [output_ids(r) for r in _generate(srv, MIXED)]
+    """Plain greedy decoding of each of ``MIXED`` (the servers' ``ignore_eos``: no stop)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = models[0]
+    tok = AutoTokenizer.from_pretrained(str(target))
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
+    out = []
+    for p in MIXED:
+        ids = list(p) if isinstance(p, list) else tok(p)["input_ids"]
+        n = len(ids)
+        with torch.no_grad():
+            for _ in range(NEW):
+                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+        out.append(ids[n:])
+    return out
 
 
 @pytest.fixture(scope="module")
