@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nanospec.bench.coverage import greedy_trace
 from nanospec.sglang.algo import draft_is_eagle3
 from tests.plugin_support import PROMPTS, generate_all, output_ids, server, spec_args
 from tests.support.tiny_models import make_tiny_eagle3_draft, make_tiny_eagle_draft, make_tiny_llama
@@ -51,15 +52,9 @@ def reference(models) -> list[list[int]]:
     target = models[0]
     tok = AutoTokenizer.from_pretrained(str(target))
     model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
-    out = []
-    for p in MIXED:
-        ids = list(p) if isinstance(p, list) else tok(p)["input_ids"]
-        n = len(ids)
-        with torch.no_grad():
-            for _ in range(NEW):
-                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-        out.append(ids[n:])
-    return out
+    prompts = [p if isinstance(p, list) else tok(p)["input_ids"] for p in MIXED]
+    return [greedy_trace(model, torch.tensor(ids), NEW, eos_ids=set(), k_pre=1, k_ver=1).tokens.tolist()
+            for ids in prompts]
 
 
 @pytest.fixture(scope="module")
