@@ -14,6 +14,15 @@ in ``probe_every`` runs a neighbour of the choice (one step more, then one less,
 that settled on fewer steps, or on none, still sees whether deeper drafts have started to land, and
 the costs of the step counts around its choice stay measured.
 
+A 0-step cycle is a plain decode through the verify path, plus the draft's catch-up pass
+(draft-extend), which only keeps the draft ready for the next drafting cycle. With ``cold_plain`` (the
+default) a 0-step cycle skips that pass (``skip_catch_up``), so falling back to plain decoding costs
+about what plain decoding costs; before the next cycle that drafts, one 0-step cycle runs the pass
+again (``get_steps_for_batch`` inserts it), so a draft never starts from a skipped pass's empty
+state. The draft's KV cache keeps no entry for the skipped tokens: its attention sees a gap there,
+which costs acceptance after a long stretch of plain decoding, never correctness (verification
+decides every token).
+
 The class speaks SGLang's ``AdaptiveSpecPolicy`` protocol (``candidate_steps``, ``set_cuda_graph_bs``,
 ``get_steps_for_batch``, ``on_verify_complete``, ``cuda_graph_bs_for_step``) so SGLang's own
 ``AdaptiveController`` swaps the runtime states, and reads SGLang's ``--speculative-adaptive-config``
@@ -39,7 +48,8 @@ class ControllerConfig:
     the prior depth-1 acceptance and its weight in pseudo-requests. warmup_cycles: timed cycles of
     each candidate before the bucket chooses by cost. probe_every: cycles between two probes of a
     neighbouring step count (0: never). margin: a new choice must beat the current one by this
-    fraction (no flapping between near-equal choices)."""
+    fraction (no flapping between near-equal choices). cold_plain: 0-step cycles skip the draft's
+    catch-up pass (module docstring)."""
 
     keep: float = 0.98
     cost_alpha: float = 0.2
@@ -48,8 +58,11 @@ class ControllerConfig:
     warmup_cycles: int = 2
     probe_every: int = 64
     margin: float = 0.02
+    cold_plain: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.cold_plain, bool):
+            raise ValueError(f"controller cold_plain must be true or false, got {self.cold_plain!r}")
         if not 0.0 < self.keep <= 1.0:
             raise ValueError(f"controller keep must lie in (0, 1], got {self.keep}")
         if not 0.0 < self.cost_alpha <= 1.0:
@@ -136,6 +149,7 @@ class Bucket:
     ran: dict[int, int] = field(default_factory=dict)
     current: int = 0
     choice: int = 0
+    pending: int | None = None  # a drafting choice deferred by one catch-up cycle
     since_probe: int = 0
     probes: int = 0
 
@@ -175,6 +189,10 @@ class StepController:
         self._launched: deque[tuple[int, int]] = deque(maxlen=8)  # (bucket, k), oldest first
         self.decide_s = 0.0  # wall time spent choosing, for the "under 1% of a step" check
         self.decisions = 0
+        self.draft_behind = False  # the last decode cycle skipped the draft's catch-up pass
+        self._catch_up = False  # the cycle under way is the catch-up cycle before a drafting one
+        self.skipped = 0  # catch-up passes skipped, for reports
+        self.catch_ups = 0  # catch-up cycles inserted before a drafting cycle
 
     # -- SGLang's AdaptiveSpecPolicy ---------------------------------------------------------
 
@@ -194,10 +212,28 @@ class StepController:
     def get_steps_for_batch(self, batch_size: int) -> int:
         t = time.perf_counter()
         b = self.buckets[self.route(batch_size)]
-        b.current = self.choose(b)
+        if b.pending is not None and not self.draft_behind:
+            k, b.pending = b.pending, None
+        else:
+            k = self.choose(b)
+        self._catch_up = k > 0 and self.draft_behind
+        if self._catch_up:  # the draft missed its last pass: one plain cycle with it first
+            b.pending, k = k, 0
+            self.catch_ups += 1
+        b.current = k
         self.decide_s += time.perf_counter() - t
         self.decisions += 1
-        return b.current
+        return k
+
+    def skip_catch_up(self, k: int) -> bool:
+        """Called once per decode cycle, at its draft-extend, with the cycle's step count: True when
+        the cycle skips the pass (a 0-step cycle with ``cold_plain``, unless it is the catch-up cycle
+        before a drafting one)."""
+        skip = k == 0 and self.config.cold_plain and not self._catch_up
+        self._catch_up = False
+        self.draft_behind = skip
+        self.skipped += skip
+        return skip
 
     def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int) -> None:
         """Count per-depth acceptance of the oldest launched cycle; never asks for a switch itself
@@ -300,7 +336,8 @@ class StepController:
     def report(self) -> dict:
         """Per bucket: acceptance per depth, E(k), cycle/draft/verify ms, tokens per second, current
         choice; plus the controller's own mean decision time. JSON-ready."""
-        out: dict = {"decide_us": 1e6 * self.decide_s / max(self.decisions, 1), "buckets": {}}
+        out: dict = {"decide_us": 1e6 * self.decide_s / max(self.decisions, 1), "buckets": {},
+                     "skipped_catch_up": self.skipped, "catch_up_cycles": self.catch_ups}
         for bs, b in self.buckets.items():
             if not b.cycles:
                 continue

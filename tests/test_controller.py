@@ -22,11 +22,15 @@ from nanospec.stopwatch import Stopwatch
 def simulate(ctl: StepController, accept: list[float], cost, cycles: int, batch: int = 1,
              seed: int = 0) -> list[int]:
     """Run ``cycles`` decode cycles the way the plugin drives the controller; returns the k of each.
-    accept[d]: acceptance of depth d+1 given depth d; cost(k): seconds of a k-step cycle."""
+    accept[d]: acceptance of depth d+1 given depth d; cost(k): seconds of a k-step cycle. Checks that
+    no cycle drafts right after a cycle that skipped the draft's catch-up pass."""
     rng = random.Random(seed)
     ks = []
+    behind = ctl.draft_behind
     for _ in range(cycles):
         k = ctl.get_steps_for_batch(batch)
+        assert not (k > 0 and behind), "a cycle drafted from a skipped catch-up pass's stub"
+        behind = ctl.skip_catch_up(k)
         ctl.launched(batch, k)
         ctl.record("cycle", batch, k, cost(k) * (1 + 0.02 * rng.random()))
         counts = []
@@ -100,9 +104,37 @@ def test_each_verify_result_counts_for_the_step_count_its_cycle_ran_with():
 
 def test_warm_up_times_every_candidate_before_choosing_by_cost():
     ctl = StepController({1: [0, 1, 2]}, initial_steps=2)
-    ks = simulate(ctl, [0.5, 0.5], lambda k: 1.0, 9)
+    ks = simulate(ctl, [0.5, 0.5], lambda k: 1.0, 10)
     need = ctl.config.warmup_cycles + 1
-    assert ks[:3 * need] == [2] * need + [0] * need + [1] * need
+    # The 0-step cycles skip the draft's catch-up pass: one more runs it before the first 1-step one.
+    assert ks[:3 * need + 1] == [2] * need + [0] * need + [0] + [1] * need
+
+
+def test_plain_cycles_skip_the_drafts_catch_up_and_one_cycle_runs_it_before_drafting_resumes():
+    ctl = StepController({1: [0, 1]}, initial_steps=0,
+                         config=ControllerConfig(warmup_cycles=1, probe_every=4))
+    seen = []  # (k, skipped) per cycle
+    for _ in range(40):
+        k = ctl.get_steps_for_batch(1)
+        seen.append((k, ctl.skip_catch_up(k)))
+        ctl.launched(1, k)
+        ctl.record("cycle", 1, k, 1.0 + 0.5 * k)  # drafting never pays: the choice is 0
+        ctl.on_verify_complete([0], 1)
+    starts = [i for i, (k, _) in enumerate(seen) if k > 0 and seen[i - 1][0] == 0]
+    assert len(starts) >= 4  # warm-up, then the probes
+    for i in starts:  # drafting resumes only after a plain cycle that ran the pass
+        assert seen[i - 1] == (0, False)
+    ran = [i for i, (k, skipped) in enumerate(seen) if k == 0 and not skipped]
+    assert all(seen[i + 1][0] > 0 for i in ran if i + 1 < len(seen))  # only right before drafting
+    skipped = sum(k == 0 and skipped for k, skipped in seen)
+    assert skipped >= 20  # every other plain cycle skipped it
+    assert ctl.report()["skipped_catch_up"] == skipped and ctl.report()["catch_up_cycles"] == len(ran)
+
+
+def test_with_cold_plain_off_every_cycle_runs_the_drafts_catch_up():
+    ctl = StepController({1: [0, 1]}, initial_steps=0, config=ControllerConfig(cold_plain=False))
+    ks = simulate(ctl, [0.01], lambda k: 1.0 + 0.5 * k, 200)
+    assert ks.count(0) > 150 and ctl.skipped == 0 and ctl.catch_ups == 0
 
 
 def test_buckets_learn_apart_and_route_like_sglang():

@@ -123,6 +123,8 @@ def test_controller_switches_steps_mid_stream_and_output_equals_plain_decoding(n
     report = json.loads(re.findall(r"NANOSPEC steps report: (\{.*\})", log)[-1])
     ran = {int(k) for b in report["buckets"].values() for k, n in b["ran"].items() if n}
     assert ran == {0, 1, 2, 3}
+    # 0-step cycles skipped the draft's catch-up pass, and drafting resumed after a cycle that ran it.
+    assert report["skipped_catch_up"] > 0 and report["catch_up_cycles"] > 0
 
 
 def test_response_meta_info_reports_active_vocabulary_and_hit_rate(nano16):

@@ -265,6 +265,12 @@ SEAM: tuple[Touchpoint, ...] = (
          "penalties.cumulate_accepted", "every accepted token is fed to the penalizers on the device "
          "(also the cumulated_* tensors of the frequency, presence and repetition penalizers, in place)",
          _SAMPLING, attrs=("len_output_tokens",)),
+    _row(f"{_EW}.EAGLEWorkerV2._stub_skipped_draft_extend", "private", "worker.NanoSpecWorker.skip_extend",
+         "a 0-step cycle that skips the draft's catch-up pass leaves SGLang's own stub as the next draft "
+         "state (what SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND does for every 0-step cycle); the step "
+         "controller runs one cycle with the pass before any cycle drafts from it",
+         f"{_SERVER}::test_controller_switches_steps_mid_stream_and_output_equals_plain_decoding",
+         params=("self", "batch", "batch_output")),
     # -- replacements (not API) -----------------------------------------------------------------
     _row("sglang.srt.speculative.eagle_info.EagleDraftInput", "private",
          "worker.NanoSpecDraftWorker._draft_extend_for_decode, _draft_extend_for_prefill",

@@ -7,7 +7,9 @@ scheduling, CUDA graphs, per-step runtime states) is inherited unchanged; NanoSp
   3. after each verify: telemetry, then append tree tokens and the accepted path's top-K_ver;
   4. request end: release the slot and attach telemetry for meta_info;
   5. with NANOSPEC_STEPS=auto: each decode cycle timed (stopwatch.Stopwatch) for the step controller
-     (nanospec/controller.py), which SGLang's AdaptiveController asks for the step count of a batch.
+     (nanospec/controller.py), which SGLang's AdaptiveController asks for the step count of a batch;
+     a 0-step cycle skips the draft's catch-up pass when the controller says so (SGLang's own stub
+     of the draft state, as under SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND, but per cycle).
 The draft and draft-extend entries also wait for queued gathers before a possible CUDA-graph replay
 and skip a graph captured with another head than the current choice (docs/plugin.md, GPU features).
 """
@@ -117,6 +119,13 @@ def graphs_unless_stale(worker, attr: str, head, batch: int, rows: int):
 
 
 class NanoSpecDraftWorker(EagleDraftWorker):
+    nano_skip_extend = None
+
+    def set_skip_extend(self, skip) -> None:
+        """``skip(batch, batch_result) -> bool``, asked at each decode cycle's draft-extend: True when
+        the cycle skips it (NanoSpecWorker.skip_extend has then stubbed the draft state)."""
+        self.nano_skip_extend = skip
+
     def init_lm_head(self) -> None:
         super().init_lm_head()
         settings = load_settings()
@@ -159,8 +168,10 @@ class NanoSpecDraftWorker(EagleDraftWorker):
             return super().draft(batch, **kwargs)
 
     def _draft_extend_for_decode(self, batch, batch_result, **kwargs):
-        self.nano.proposer.wait_gathers()
         n = len(batch.seq_lens)
+        if n and self.nano_skip_extend is not None and self.nano_skip_extend(batch, batch_result):
+            return None
+        self.nano.proposer.wait_gathers()
         with graphs_unless_stale(self, "cuda_graph_runner_for_draft_extend", self.nano.proposer, n,
                                  n * self.speculative_num_draft_tokens):
             out = super()._draft_extend_for_decode(batch, batch_result, **kwargs)
@@ -202,6 +213,8 @@ class NanoSpecWorker(EAGLEWorkerV2):
                 seam.patch(self, "adaptive_controller", AdaptiveController(self, self.steps), ADAPTIVE)
             # Same object, NanoSpec's methods: they take effect at alloc_memory_pool (init_lm_head).
             seam.patch(self._draft_worker, "__class__", NanoSpecDraftWorker, DRAFT_WORKER)
+            if self.steps is not None:
+                self._draft_worker.set_skip_extend(self.skip_extend)
             # The draft is loaded and the KV cache not yet sized: announce what init_lm_head will
             # allocate, so that SGLang's KV budget leaves room for it (nanospec/sglang/memory.py).
             memory.announce(plan_memory(server_args, self._draft_worker, target_worker))
@@ -231,6 +244,14 @@ class NanoSpecWorker(EAGLEWorkerV2):
             # The learned cost model, for the benchmarks (last line wins) and for users reading logs.
             logger.info("NANOSPEC steps report: %s", json.dumps(self.steps.report()))
         return out
+
+    def skip_extend(self, batch, batch_result) -> bool:
+        """At a decode cycle's draft-extend: when the controller skips it (a plain cycle that no
+        drafting cycle follows directly), fill the next draft state with SGLang's stub."""
+        if not self.steps.skip_catch_up(self.speculative_num_steps):
+            return False
+        self._stub_skipped_draft_extend(batch, batch_result)
+        return True
 
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
         timed = self.steps is not None
