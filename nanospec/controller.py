@@ -10,9 +10,12 @@ own work between two cycles), so whatever a step costs on this host is priced, n
 Both are forgetting averages, so a bucket follows a workload that changes; a depth seldom tried
 leans on a prior (depth 1: ``prior_accept``; deeper: the rate of the depth above). Until every
 candidate of a bucket has been timed, the bucket runs the untimed ones in turn; after that, one cycle
-in ``probe_every`` runs a neighbour of the choice (one step more, then one less, in turn), so a bucket
-that settled on fewer steps, or on none, still sees whether deeper drafts have started to land, and
-the costs of the step counts around its choice stay measured.
+in ``probe_every`` runs the other candidate timed longest ago, so a bucket that settled on fewer
+steps, or on none, still sees whether deeper drafts have started to land, and no cost is left as it
+was measured long ago: a candidate not timed within the last ``probe_every`` cycles of its bucket
+takes its new time as is (on a shared host a cost measured in a slow spell would otherwise keep a
+candidate out for good). A cycle time above ``outlier`` times its average counts as that much, so a
+single stalled cycle moves the average by a few percent.
 
 A 0-step cycle is a plain decode through the verify path, plus the draft's catch-up pass
 (draft-extend), which only keeps the draft ready for the next drafting cycle. With ``cold_plain`` (the
@@ -46,10 +49,10 @@ class ControllerConfig:
     """keep: retention of a depth's acceptance counts per request drafted to that depth (0.98: about
     the last 50). cost_alpha: weight of a new cycle time in its average. prior_accept, prior_weight:
     the prior depth-1 acceptance and its weight in pseudo-requests. warmup_cycles: timed cycles of
-    each candidate before the bucket chooses by cost. probe_every: cycles between two probes of a
-    neighbouring step count (0: never). margin: a new choice must beat the current one by this
-    fraction (no flapping between near-equal choices). cold_plain: 0-step cycles skip the draft's
-    catch-up pass (module docstring)."""
+    each candidate before the bucket chooses by cost. probe_every: cycles between two probes of
+    another step count (0: never). margin: a new choice must beat the current one by this fraction
+    (no flapping between near-equal choices). outlier: cap of one cycle time, in multiples of its
+    average. cold_plain: 0-step cycles skip the draft's catch-up pass (module docstring)."""
 
     keep: float = 0.98
     cost_alpha: float = 0.2
@@ -58,6 +61,7 @@ class ControllerConfig:
     warmup_cycles: int = 2
     probe_every: int = 64
     margin: float = 0.02
+    outlier: float = 1.5
     cold_plain: bool = True
 
     def __post_init__(self) -> None:
@@ -71,6 +75,8 @@ class ControllerConfig:
             raise ValueError("controller prior_accept must lie in [0, 1] and prior_weight be > 0")
         if self.warmup_cycles < 1 or self.margin < 0 or self.probe_every < 0:
             raise ValueError("controller warmup_cycles must be >= 1, margin and probe_every >= 0")
+        if not self.outlier > 1.0:
+            raise ValueError(f"controller outlier must be > 1, got {self.outlier}")
 
 
 def read_adaptive_config(path: str | Path | None, max_steps: int) -> tuple[dict[int, list[int]],
@@ -152,6 +158,8 @@ class Bucket:
     pending: int | None = None  # a drafting choice deferred by one catch-up cycle
     since_probe: int = 0
     probes: int = 0
+    clock: int = 0  # priced cycles so far
+    last_timed: dict[int, int] = field(default_factory=dict)  # k -> clock at its last timed cycle
 
     def __post_init__(self) -> None:
         self.hits = [0.0] * self.depth
@@ -269,9 +277,15 @@ class StepController:
         a = self.config.cost_alpha
         if kind == "cycle":
             b.timed[k] += 1
-            if b.timed[k] == 1:  # the first cycle after a switch pays one-off work: not priced
+            if b.timed[k] == 1:  # a step count's first cycle pays one-off work: not priced
                 return
-            b.cycle_s[k] = ema(b.cycle_s[k], seconds, a)
+            b.clock += 1
+            old = b.cycle_s[k]
+            stale = old is not None and b.clock - b.last_timed.get(k, 0) > self.config.probe_every > 0
+            if old is not None:
+                seconds = min(seconds, self.config.outlier * old)
+            b.cycle_s[k] = seconds if stale else ema(old, seconds, a)
+            b.last_timed[k] = b.clock
         elif kind in ("draft", "verify") and b.timed[k]:  # not the first cycle's (see above)
             part = b.draft_s if kind == "draft" else b.verify_s
             part[k] = ema(part.get(k), seconds, a)
@@ -308,7 +322,8 @@ class StepController:
     def choose(self, b: Bucket) -> int:
         """The step count the bucket runs next: an under-timed candidate while warming up (the
         current one first); else the fastest by E(k)/C(k), unless the last choice is within
-        ``margin`` of it; every ``probe_every`` cycles, a candidate next to that."""
+        ``margin`` of it; every ``probe_every`` cycles, the other candidate timed longest ago (the
+        nearest to the choice among equals)."""
         need = self.config.warmup_cycles + 1  # + the unpriced first cycle
         if b.timed.get(b.current, 0) < need:
             b.choice = b.current
@@ -322,14 +337,11 @@ class StepController:
         last = r.get(b.choice)
         if last is None or r[best] > last * (1 + self.config.margin):
             b.choice = best
-        i = b.candidates.index(b.choice)
-        near = [b.candidates[j] for j in (i + 1, i - 1) if 0 <= j < len(b.candidates)]
-        if self.config.probe_every and b.since_probe >= self.config.probe_every and near:
-            # The neighbours in turn: above, to see deeper drafts land; below, so that its cost
-            # (timed once, maybe while the host was busy or cold) is measured again.
+        others = [k for k in b.candidates if k != b.choice]
+        if self.config.probe_every and b.since_probe >= self.config.probe_every and others:
             b.since_probe = 0
             b.probes += 1
-            return near[b.probes % len(near)]
+            return min(others, key=lambda k: (b.last_timed.get(k, 0), abs(k - b.choice), -k))
         b.since_probe += 1
         return b.choice
 

@@ -88,6 +88,35 @@ def test_a_bucket_that_fell_back_to_plain_decoding_probes_again_and_follows_a_be
     assert good[-200:].count(3) >= 180  # the decayed counts let it try drafting again
 
 
+def test_costs_timed_in_a_slow_spell_are_timed_again_and_the_choice_comes_back():
+    # Drafting never pays (cost 1 + 0.3 k, acceptance 0.02), but while the bucket warms up the host
+    # is slow for every step count but 3: the bucket settles on 3, whose neighbour alone would be
+    # probed again if probes stayed next to the choice, and slowly (one average step per probe).
+    cycle = [0]
+
+    def cost(k: int) -> float:
+        cycle[0] += 1
+        return (1.0 + 0.3 * k) * (3.0 if cycle[0] <= 40 and k < 3 else 1.0)
+
+    ctl = StepController({1: [0, 1, 2, 3]}, initial_steps=3)
+    ks = simulate(ctl, [0.02, 0.02, 0.02], cost, 40)
+    assert ctl.buckets[1].choice == 3
+    ks = simulate(ctl, [0.02, 0.02, 0.02], cost, 600, seed=1)
+    assert ks[-300:].count(0) >= 270
+
+
+def test_one_stalled_cycle_does_not_flip_the_choice():
+    cycle = [0]
+
+    def cost(k: int) -> float:  # drafting never pays; cycle 300 stalls ten times over
+        cycle[0] += 1
+        return (10.0 if cycle[0] == 300 else 1.0) * (1.0 + 0.3 * k)
+
+    ctl = StepController({1: [0, 1, 2, 3]}, initial_steps=3)
+    ks = simulate(ctl, [0.02, 0.02, 0.02], cost, 340)
+    assert ks[299] == 0 and ks[300:340].count(0) >= 38
+
+
 def test_each_verify_result_counts_for_the_step_count_its_cycle_ran_with():
     # Under the overlap scheduler cycle i+1 is launched before cycle i's result is read.
     ctl = StepController({1: [0, 1, 3]}, initial_steps=3, config=ControllerConfig(keep=1.0))
@@ -175,6 +204,8 @@ def test_candidates_read_sglangs_adaptive_config_format(tmp_path):
     ({"2": {"candidate_steps": [1, -1]}}, "batch size 2: candidate_steps"),
     ({"ema_alpha": 0.1}, "no batch-size key"),
     ([1, 2], "expected an object"),
+    ({"1": {"candidate_steps": [0, 1]}, "outlier": 0.5}, "outlier must be > 1"),
+    ({"1": {"candidate_steps": [0, 1]}, "cold_plain": "yes"}, "cold_plain must be true or false"),
 ])
 def test_a_bad_adaptive_config_is_refused_naming_the_file_and_key(tmp_path, content, words):
     f = tmp_path / "adaptive.json"
