@@ -150,3 +150,33 @@ def test_policy_keeps_the_packed_head_for_many_draft_rows_per_request():
     # 16 requests x 8 draft rows read 16 requests' rows, far below the full head.
     assert policy.choose_head(batch=16, rows=128, union_size=16 * 3072, **LLAMA) == "packed"
     assert policy.choose_head(batch=60, rows=60 * 8, union_size=60 * 3072, **LLAMA) == "full"
+
+
+def _kernel_here() -> bool:
+    from nanospec.cpu import gemv
+
+    return gemv.available()
+
+
+@pytest.mark.skipif(not _kernel_here(), reason="no AVX2/FMA CPU or C compiler here")
+def test_cpu_head_reads_a_requests_rows_once_for_all_its_draft_rows(monkeypatch):
+    # PyTorch's few-row float32 product re-reads the rows per block of draft rows; the CPU path hands
+    # each request's 8 draft rows and its active rows to NanoSpec's kernel in one call.
+    from nanospec.cpu import gemv
+
+    calls = []
+    real = gemv.linear
+
+    def spy(x, w, b):
+        calls.append((x.shape[0], w.shape[0]))
+        return real(x, w, b)
+
+    monkeypatch.setattr(gemv, "linear", spy)
+    dv = _vocab(torch.float32, indexed=False, integer=False)
+    reqs = torch.tensor([0, 2])
+    hidden = _hidden(16, torch.float32, integer=False)
+    got = torch_ops.logits(hidden, dv.head.packed, dv.state.col_tok, reqs, False)
+    ends = [int((dv.state.col_tok[r] >= 0).nonzero()[-1]) + 1 for r in (0, 2)]
+    assert calls == [(8, ends[0]), (8, ends[1])]  # one call per request, up to its last live column
+    want = _old_per_row(hidden, dv.head.packed, dv.state.col_tok, reqs.repeat_interleave(8), False)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

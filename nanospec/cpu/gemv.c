@@ -30,16 +30,23 @@
 #ifdef __AVX512F__
 #define NB 4   /* 16 accumulators + 4 of w + 1 of x of the 32 vector registers; 4 x 6 measured no faster */
 #define RMAX 4
+#define NBW 2  /* wide tiles: 2 x 8 = 16 accumulators + 2 + 1 */
 #else
 #define NB 2   /* 8 accumulators + 2 + 1 of the 16 registers */
 #define RMAX 4
+#define NBW 1  /* wide tiles: 1 x 8 accumulators + 1 + 1 */
 #endif
+/* Wide tiles: 5 to RW rows in one group, so a weight row is read once for all of them. In two groups
+ * of 4 the second re-read the tile's weight rows, which at 4 x 4096 floats no longer sit in L1: the
+ * packed draft head's 8 draft rows of a request (4096-wide, 3072 rows) took 2.0x one row, against
+ * about 1x for 4 rows. */
+#define RW 8
 
 /* y[r * N + i] = dot(w[i * K :], x[r * K :]) (+ b[i]) for i < P outputs, r < R rows; P and R are constants
  * where this is inlined. */
 static inline __attribute__((always_inline)) void tile(const float *w, const float *x, const float *b,
                                                        float *y, long N, long K, int P, int R) {
-    vec a[NB][RMAX];
+    vec a[NB][RW];
     for (int i = 0; i < P; i++)
         for (int r = 0; r < R; r++)
             a[i][r] = vzero();
@@ -68,9 +75,29 @@ static inline __attribute__((always_inline)) void tile(const float *w, const flo
 
 #define CASE(P, R) case R: tile(wp, xg, bp, yp, N, K, P, R); break
 #define TILES(P) switch (R) { CASE(P, 1); CASE(P, 2); CASE(P, 3); CASE(P, 4); default: break; }
+#define WIDE(P) switch (R) { CASE(P, 5); CASE(P, 6); CASE(P, 7); CASE(P, 8); default: break; }
 
 /* x [M, K], w [N, K], b [N] or NULL, y [M, N]; all row-major float32, no aliasing. */
 void nanospec_linear(const float *x, const float *w, const float *b, float *y, long M, long N, long K) {
+    if (M > RMAX && M <= RW) {  /* one group of wide tiles (see RW) */
+        long R = M, blocks = (N + NBW - 1) / NBW;
+        #pragma omp parallel for schedule(static)
+        for (long blk = 0; blk < blocks; blk++) {
+            long n0 = blk * NBW;
+            if (n0 + NBW <= N) {
+                const float *wp = w + n0 * K, *bp = b ? b + n0 : 0, *xg = x;
+                float *yp = y + n0;
+                WIDE(NBW)
+            } else {
+                for (long n = n0; n < N; n++) {
+                    const float *wp = w + n * K, *bp = b ? b + n : 0, *xg = x;
+                    float *yp = y + n;
+                    WIDE(1)
+                }
+            }
+        }
+        return;
+    }
     /* Rows in the fewest groups of at most RMAX, as even as they go (5 rows: 3 + 2, not 4 + 1). */
     long groups = (M + RMAX - 1) / RMAX, blocks = (N + NB - 1) / NB;
     #pragma omp parallel for schedule(static)

@@ -1,9 +1,13 @@
 """Plain-PyTorch twins of the Triton kernels: the CPU path and the test oracle.
 
 They follow the Triton kernels lane by lane (same column choices), so both give bit-identical states.
+One exception on the CPU: the head's products of a few float32 rows go to NanoSpec's CPU kernel
+(nanospec/cpu/gemv.py) where it is built, for the reason in ``rows_product``.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -116,6 +120,34 @@ def logits(
     return out.masked_fill_(free, float("-inf"))
 
 
+@functools.cache
+def _few_row_kernel() -> bool:
+    """NanoSpec's few-row CPU kernel is chosen and usable here (``NANOSPEC_CPU_LINEAR``, docs/cpu.md)."""
+    try:
+        from nanospec.cpu import ops_linear
+    except ImportError:
+        return False
+    return ops_linear.gemv_on()
+
+
+FEW_ROWS = 16  # rows the kernel takes (ops_linear.MAX_ROWS): a request's draft rows in a step
+
+
+def rows_product(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """h [n, d] @ w [m, d].T -> [n, m] float32: one request's draft rows against its active head rows.
+
+    PyTorch's float32 product of a few rows re-reads ``w`` per block of rows and ran compute-bound on
+    the project's CPUs: 8 rows cost 4-6x one row (docs/results.md, head table). The kernel reads each
+    row of ``w`` once for up to 4 rows of ``h`` held in registers, and the next 4 find it in L1, so a
+    step with 8 draft rows costs about one read of the request's active rows, as on a GPU."""
+    if (h.device.type == "cpu" and h.dtype == torch.float32 and w.dtype == torch.float32
+            and 0 < h.shape[0] <= FEW_ROWS and w.shape[0] and _few_row_kernel()):
+        from nanospec.cpu import gemv
+
+        return gemv.linear(h.contiguous(), w.contiguous(), None)
+    return (h @ w.T).float()
+
+
 def logits_grouped(
     hidden: torch.Tensor, rows: torch.Tensor, col_tok: torch.Tensor, reqs: torch.Tensor, indexed: bool
 ) -> torch.Tensor:
@@ -134,10 +166,10 @@ def logits_grouped(
         end = int(live[-1]) + 1 if live.numel() else 0
         w = rows.index_select(0, col_tok[r, :end].clamp_min(0).long()) if indexed else rows[r, :end]
         if len(idx) == hidden.shape[0]:
-            out[:, :end] = hidden @ w.T
+            out[:, :end] = rows_product(hidden, w)
         else:
             sel = torch.tensor(idx, device=hidden.device)
-            out[sel, :end] = (hidden.index_select(0, sel) @ w.T).float()
+            out[sel, :end] = rows_product(hidden.index_select(0, sel), w)
     return out
 
 
