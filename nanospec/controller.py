@@ -12,19 +12,20 @@ leans on a prior (depth 1: ``prior_accept``; deeper: the rate of the depth above
 candidate of a bucket has been timed, the bucket runs the untimed ones in turn; after that, one cycle
 in ``probe_every`` runs the other candidate timed longest ago, so a bucket that settled on fewer
 steps, or on none, still sees whether deeper drafts have started to land, and no cost is left as it
-was measured long ago: a candidate not timed within the last ``probe_every`` cycles of its bucket
-takes its new time as is (on a shared host a cost measured in a slow spell would otherwise keep a
-candidate out for good). A cycle time above ``outlier`` times its average counts as that much, so a
-single stalled cycle moves the average by a few percent.
+was measured long ago: the new time of a candidate not timed within the last ``probe_every`` cycles
+of its bucket weighs half in its average (on a shared host a cost measured in a slow spell would
+otherwise keep a candidate out for good). A cycle time above ``outlier`` times its average
+counts as that much, so a single stalled cycle moves the average by a few percent.
 
 A 0-step cycle is a plain decode through the verify path, plus the draft's catch-up pass
 (draft-extend), which only keeps the draft ready for the next drafting cycle. With ``cold_plain`` (the
 default) a 0-step cycle skips that pass (``skip_catch_up``), so falling back to plain decoding costs
 about what plain decoding costs; before the next cycle that drafts, one 0-step cycle runs the pass
-again (``get_steps_for_batch`` inserts it), so a draft never starts from a skipped pass's empty
-state. The draft's KV cache keeps no entry for the skipped tokens: its attention sees a gap there,
-which costs acceptance after a long stretch of plain decoding, never correctness (verification
-decides every token).
+again (``get_steps_for_batch`` inserts it; ``caught_up`` tells the worker, which leaves its time
+unpriced: it is what switching up costs, not what a 0-step cycle costs), so a draft never starts
+from a skipped pass's empty state. The draft's KV cache keeps no entry for the skipped tokens: its
+attention sees a gap there, which costs acceptance after a long stretch of plain decoding, never
+correctness (verification decides every token).
 
 The class speaks SGLang's ``AdaptiveSpecPolicy`` protocol (``candidate_steps``, ``set_cuda_graph_bs``,
 ``get_steps_for_batch``, ``on_verify_complete``, ``cuda_graph_bs_for_step``) so SGLang's own
@@ -199,6 +200,7 @@ class StepController:
         self.decisions = 0
         self.draft_behind = False  # the last decode cycle skipped the draft's catch-up pass
         self._catch_up = False  # the cycle under way is the catch-up cycle before a drafting one
+        self.caught_up = False  # the last decode cycle was a catch-up cycle (its time is not priced)
         self.skipped = 0  # catch-up passes skipped, for reports
         self.catch_ups = 0  # catch-up cycles inserted before a drafting cycle
 
@@ -238,6 +240,7 @@ class StepController:
         the cycle skips the pass (a 0-step cycle with ``cold_plain``, unless it is the catch-up cycle
         before a drafting one)."""
         skip = k == 0 and self.config.cold_plain and not self._catch_up
+        self.caught_up = k == 0 and self._catch_up
         self._catch_up = False
         self.draft_behind = skip
         self.skipped += skip
@@ -281,10 +284,11 @@ class StepController:
                 return
             b.clock += 1
             old = b.cycle_s[k]
-            stale = old is not None and b.clock - b.last_timed.get(k, 0) > self.config.probe_every > 0
             if old is not None:
                 seconds = min(seconds, self.config.outlier * old)
-            b.cycle_s[k] = seconds if stale else ema(old, seconds, a)
+                if b.clock - b.last_timed.get(k, 0) > self.config.probe_every > 0:
+                    a = max(a, 0.5)  # a stale average: the new time weighs half
+            b.cycle_s[k] = ema(old, seconds, a)
             b.last_timed[k] = b.clock
         elif kind in ("draft", "verify") and b.timed[k]:  # not the first cycle's (see above)
             part = b.draft_s if kind == "draft" else b.verify_s

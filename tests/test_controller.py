@@ -32,7 +32,9 @@ def simulate(ctl: StepController, accept: list[float], cost, cycles: int, batch:
         assert not (k > 0 and behind), "a cycle drafted from a skipped catch-up pass's stub"
         behind = ctl.skip_catch_up(k)
         ctl.launched(batch, k)
-        ctl.record("cycle", batch, k, cost(k) * (1 + 0.02 * rng.random()))
+        seconds = cost(k) * (1 + 0.02 * rng.random())
+        if not ctl.caught_up:  # as the worker does: a catch-up cycle's time is not priced
+            ctl.record("cycle", batch, k, seconds)
         counts = []
         for _ in range(batch):
             n = 0
@@ -142,10 +144,11 @@ def test_warm_up_times_every_candidate_before_choosing_by_cost():
 def test_plain_cycles_skip_the_drafts_catch_up_and_one_cycle_runs_it_before_drafting_resumes():
     ctl = StepController({1: [0, 1]}, initial_steps=0,
                          config=ControllerConfig(warmup_cycles=1, probe_every=4))
-    seen = []  # (k, skipped) per cycle
+    seen, caught_up = [], []  # (k, skipped) per cycle; whether the worker leaves its time unpriced
     for _ in range(40):
         k = ctl.get_steps_for_batch(1)
         seen.append((k, ctl.skip_catch_up(k)))
+        caught_up.append(ctl.caught_up)
         ctl.launched(1, k)
         ctl.record("cycle", 1, k, 1.0 + 0.5 * k)  # drafting never pays: the choice is 0
         ctl.on_verify_complete([0], 1)
@@ -154,6 +157,7 @@ def test_plain_cycles_skip_the_drafts_catch_up_and_one_cycle_runs_it_before_draf
     for i in starts:  # drafting resumes only after a plain cycle that ran the pass
         assert seen[i - 1] == (0, False)
     ran = [i for i, (k, skipped) in enumerate(seen) if k == 0 and not skipped]
+    assert [i for i, c in enumerate(caught_up) if c] == ran  # the catch-up cycles, flagged
     assert all(seen[i + 1][0] > 0 for i in ran if i + 1 < len(seen))  # only right before drafting
     skipped = sum(k == 0 and skipped for k, skipped in seen)
     assert skipped >= 20  # every other plain cycle skipped it

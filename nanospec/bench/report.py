@@ -396,6 +396,7 @@ BLOCKS: dict[str, tuple[Callable[..., tuple[str, Chart | None]], list[str]]] = {
     "cpu_costs": (cpu_costs_block, ["cpu_costs"]),
     "draft": (draft_block, ["draft_smollm2"]),
     "steps": (steps_block, ["steps_smollm2"]),
+    "steps_quick": (steps_block, ["steps_smollm2_quick"]),
 }
 
 

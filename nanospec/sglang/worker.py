@@ -203,7 +203,7 @@ class NanoSpecWorker(EAGLEWorkerV2):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         self.steps: StepController | None = None
         self.watch = Stopwatch(self.device)
-        self.nano_cycle = None  # (batch size, steps, start stamp) of the decode cycle under way
+        self.nano_cycle = None  # (batch size, steps, start stamp, catch-up?) of the decode cycle under way
         self.nano_verify_at = None  # this cycle's verify start stamp
         if self._draft_worker is not None:
             self.steps = build_controller(server_args, self.speculative_num_steps, self.topk)
@@ -227,8 +227,9 @@ class NanoSpecWorker(EAGLEWorkerV2):
         decode = is_decode(batch)
         now = self.watch.stamp()
         if self.nano_cycle is not None and decode:
-            bs, k, start = self.nano_cycle
-            self.watch.interval(("cycle", bs, k), start, now)
+            bs, k, start, caught_up = self.nano_cycle
+            if not caught_up:  # a catch-up cycle prices switching up, not a 0-step cycle
+                self.watch.interval(("cycle", bs, k), start, now)
         self.nano_cycle = None
         out = super().forward_batch_generation(batch, *args, **kwargs)
         if decode:
@@ -236,7 +237,7 @@ class NanoSpecWorker(EAGLEWorkerV2):
             self.steps.launched(bs, k)
             if self.nano_verify_at is not None:
                 self.watch.interval(("draft", bs, k), now, self.nano_verify_at)
-            self.nano_cycle = (bs, k, now)
+            self.nano_cycle = (bs, k, now, self.steps.caught_up)
         self.nano_verify_at = None
         for (kind, bs, k), seconds in self.watch.poll():
             self.steps.record(kind, bs, k, seconds)
