@@ -5,7 +5,7 @@
 
 1. fetches the target with ``nanospec.models`` (a no-op once cached);
 2. takes the draft from ``--draft``, else the one shipped for the target in ``nanospec/drafts/NAME``
-   (SmolLM2-135M-Instruct: trained with docs/training.md's CPU recipe), checked against the target; for
+   (SmolLM2-135M, Qwen2.5-Coder-0.5B: docs/training.md's CPU recipe), checked against the target; for
    a target with no shipped draft (or with --train-draft) it trains a quick full-vocabulary EAGLE-3 draft
    with ``python -m nanospec.train`` on ShareGPT (bounded by --train-steps and --train-minutes, progress
    bar), cached under ``~/.cache/nanospec/drafts/`` keyed by the target, data and every training setting;
