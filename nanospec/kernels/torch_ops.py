@@ -136,10 +136,10 @@ FEW_ROWS = 16  # rows the kernel takes (ops_linear.MAX_ROWS): a request's draft 
 def rows_product(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """h [n, d] @ w [m, d].T -> [n, m] float32: one request's draft rows against its active head rows.
 
-    PyTorch's float32 product of a few rows re-reads ``w`` per block of rows and ran compute-bound on
-    the project's CPUs: 8 rows cost 4-6x one row (docs/results.md, head table). The kernel reads each
-    row of ``w`` once for up to 4 rows of ``h`` held in registers, and the next 4 find it in L1, so a
-    step with 8 draft rows costs about one read of the request's active rows, as on a GPU."""
+    PyTorch's float32 product of a few rows re-reads ``w`` per block of rows: 8 rows cost 3.4-6x one
+    row on the project's CPUs. The kernel (nanospec/cpu/gemv.c) reads each row of ``w`` once for up to
+    8 rows of ``h`` held in registers: 8 rows cost 1.3-1.4x one row where reading the rows dominates
+    (Llama-3.1-8B dims), more where the arithmetic does (docs/results.md, head table)."""
     if (h.device.type == "cpu" and h.dtype == torch.float32 and w.dtype == torch.float32
             and 0 < h.shape[0] <= FEW_ROWS and w.shape[0] and _few_row_kernel()):
         from nanospec.cpu import gemv
