@@ -79,42 +79,25 @@ static inline __attribute__((always_inline)) void tile(const float *w, const flo
 
 /* x [M, K], w [N, K], b [N] or NULL, y [M, N]; all row-major float32, no aliasing. */
 void nanospec_linear(const float *x, const float *w, const float *b, float *y, long M, long N, long K) {
-    if (M > RMAX && M <= RW) {  /* one group of wide tiles (see RW) */
-        long R = M, blocks = (N + NBW - 1) / NBW;
-        #pragma omp parallel for schedule(static)
-        for (long blk = 0; blk < blocks; blk++) {
-            long n0 = blk * NBW;
-            if (n0 + NBW <= N) {
-                const float *wp = w + n0 * K, *bp = b ? b + n0 : 0, *xg = x;
-                float *yp = y + n0;
-                WIDE(NBW)
-            } else {
-                for (long n = n0; n < N; n++) {
-                    const float *wp = w + n * K, *bp = b ? b + n : 0, *xg = x;
-                    float *yp = y + n;
-                    WIDE(1)
-                }
-            }
-        }
-        return;
-    }
-    /* Rows in the fewest groups of at most RMAX, as even as they go (5 rows: 3 + 2, not 4 + 1). */
-    long groups = (M + RMAX - 1) / RMAX, blocks = (N + NB - 1) / NB;
+    /* 5 to RW rows: one group, wide tiles (see RW). Else the rows in the fewest groups of at most RMAX,
+     * as even as they go (9 rows: 3 + 3 + 3, not 4 + 4 + 1). */
+    int wide = M > RMAX && M <= RW;
+    long nb = wide ? NBW : NB, groups = wide ? 1 : (M + RMAX - 1) / RMAX, blocks = (N + nb - 1) / nb;
     #pragma omp parallel for schedule(static)
     for (long blk = 0; blk < blocks; blk++) {
-        long n0 = blk * NB;
+        long n0 = blk * nb;
         for (long g = 0, m = 0, R; g < groups; g++, m += R) {
             R = M / groups + (g < M % groups);
             const float *xg = x + m * K;
-            if (n0 + NB <= N && M > 1) {
+            if (n0 + nb <= N && M > 1) {
                 const float *wp = w + n0 * K, *bp = b ? b + n0 : 0;
                 float *yp = y + m * N + n0;
-                TILES(NB)
+                if (wide) { WIDE(NBW) } else { TILES(NB) }
             } else {
-                for (long n = n0; n < N && n < n0 + NB; n++) {
+                for (long n = n0; n < N && n < n0 + nb; n++) {
                     const float *wp = w + n * K, *bp = b ? b + n : 0;
                     float *yp = y + m * N + n;
-                    TILES(1)
+                    if (wide) { WIDE(1) } else { TILES(1) }
                 }
             }
         }

@@ -121,16 +121,14 @@ def logits(
 
 
 @functools.cache
-def _few_row_kernel() -> bool:
-    """NanoSpec's few-row CPU kernel is chosen and usable here (``NANOSPEC_CPU_LINEAR``, docs/cpu.md)."""
+def _kernel_rows() -> int:
+    """Most rows a product sends to NanoSpec's few-row CPU kernel (ops_linear's limit); 0 where the
+    kernel is not chosen or not usable here (``NANOSPEC_CPU_LINEAR``, docs/cpu.md)."""
     try:
         from nanospec.cpu import ops_linear
     except ImportError:
-        return False
-    return ops_linear.gemv_on()
-
-
-FEW_ROWS = 16  # rows the kernel takes (ops_linear.MAX_ROWS): a request's draft rows in a step
+        return 0
+    return ops_linear.MAX_ROWS if ops_linear.gemv_on() else 0
 
 
 def rows_product(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -141,7 +139,7 @@ def rows_product(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     8 rows of ``h`` held in registers: 8 rows cost 1.3-1.4x one row where reading the rows dominates
     (Llama-3.1-8B dims), more where the arithmetic does (docs/results.md, head table)."""
     if (h.device.type == "cpu" and h.dtype == torch.float32 and w.dtype == torch.float32
-            and 0 < h.shape[0] <= FEW_ROWS and w.shape[0] and _few_row_kernel()):
+            and 0 < h.shape[0] <= _kernel_rows() and w.shape[0]):
         from nanospec.cpu import gemv
 
         return gemv.linear(h.contiguous(), w.contiguous(), None)
