@@ -7,15 +7,21 @@ accepted and depth n+1 as rejected (when n < k); deeper depths were not tried. C
 wall time of a whole decode cycle run with k steps (draft, verify, draft-extend and the scheduler's
 own work between two cycles), so whatever a step costs on this host is priced, not modelled.
 
-Both are forgetting averages, so a bucket follows a workload that changes; a depth seldom tried
-leans on a prior (depth 1: ``prior_accept``; deeper: the rate of the depth above). Until every
-candidate of a bucket has been timed, the bucket runs the untimed ones in turn; after that, one cycle
-in ``probe_every`` runs the other candidate timed longest ago, so a bucket that settled on fewer
-steps, or on none, still sees whether deeper drafts have started to land, and no cost is left as it
-was measured long ago: the new time of a candidate not timed within the last ``probe_every`` cycles
-of its bucket weighs half in its average (on a shared host a cost measured in a slow spell would
-otherwise keep a candidate out for good). A cycle time above ``outlier`` times its average
-counts as that much, so a single stalled cycle moves the average by a few percent.
+Only the ratios C(k) / C(j) decide, and a shared host changes every cycle's time at once (this
+CPU runs 1.4x slower for spells of tens of cycles), so costs are kept relative to the host's current
+speed: the chosen step count's cycles track that speed (a fast average of their log times), and a
+cycle with another step count is priced against that speed as it stood just before. Comparing a plain cycle
+timed in a slow spell with a drafting cycle timed in a fast one would make drafting look cheaper
+than it is; that kept a draft that never paid running in half the cycles (docs/results.md).
+
+Costs and acceptance are forgetting averages, so a bucket follows a workload that changes; a depth
+seldom tried leans on a prior (depth 1: ``prior_accept``; deeper: the rate of the depth above).
+Until every candidate of a bucket has been timed, the bucket runs the untimed ones in turn; after
+that, one cycle in ``probe_every`` runs the other candidate timed longest ago, so a bucket that
+settled on fewer steps, or on none, still sees whether deeper drafts have started to land. A
+candidate's first few relative costs are averaged evenly (one taken during warm-up, at a change of
+host speed, does not linger), later ones with weight ``cost_alpha``. A cycle time above ``outlier``
+times its expected time counts as that much, so a single stalled cycle moves nothing far.
 
 A 0-step cycle is a plain decode through the verify path, plus the draft's catch-up pass
 (draft-extend), which only keeps the draft ready for the next drafting cycle. With ``cold_plain`` (the
@@ -37,23 +43,26 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+LEVEL_ALPHA = 0.3  # weight of one of the choice's cycles in the host speed: about the last 3
 
 
 @dataclass(frozen=True)
 class ControllerConfig:
     """keep: retention of a depth's acceptance counts per request drafted to that depth (0.98: about
-    the last 50). cost_alpha: weight of a new cycle time in its average. prior_accept, prior_weight:
-    the prior depth-1 acceptance and its weight in pseudo-requests. warmup_cycles: timed cycles of
+    the last 50). cost_alpha: weight of a new cycle time in its step count's relative cost (once a
+    few are in). prior_accept, prior_weight: the prior depth-1 acceptance and its weight in
+    pseudo-requests. warmup_cycles: timed cycles of
     each candidate before the bucket chooses by cost. probe_every: cycles between two probes of
     another step count (0: never). margin: a new choice must beat the current one by this fraction
     (no flapping between near-equal choices). outlier: cap of one cycle time, in multiples of its
-    average. cold_plain: 0-step cycles skip the draft's catch-up pass (module docstring)."""
+    expected time. cold_plain: 0-step cycles skip the draft's catch-up pass (module docstring)."""
 
     keep: float = 0.98
     cost_alpha: float = 0.2
@@ -141,7 +150,8 @@ def expected_tokens(accept: list[float], k: int) -> float:
 @dataclass
 class Bucket:
     """What one batch-size bucket has learned. hits/tries[d - 1]: decayed counts at depth d.
-    cycle_s[k]: average cycle seconds with k steps (None: not timed yet); timed[k]: cycles timed;
+    rel_cost[k]: log of a k-step cycle's seconds less ``level``, the log host speed the choice's
+    cycles follow (None: not timed yet); timed[k]: cycles timed;
     draft_s / verify_s[k]: the draft and verify parts of it, for reports; ran[k]: cycles run.
     choice: the step count chosen by cost; current: the one running (the choice, or a probe)."""
 
@@ -149,8 +159,10 @@ class Bucket:
     depth: int
     hits: list[float] = field(default_factory=list)
     tries: list[float] = field(default_factory=list)
-    cycle_s: dict[int, float | None] = field(default_factory=dict)
+    rel_cost: dict[int, float | None] = field(default_factory=dict)
+    level: float | None = None
     timed: dict[int, int] = field(default_factory=dict)
+    compared: dict[int, int] = field(default_factory=dict)  # k -> cycles priced against the choice's
     draft_s: dict[int, float] = field(default_factory=dict)
     verify_s: dict[int, float] = field(default_factory=dict)
     ran: dict[int, int] = field(default_factory=dict)
@@ -165,9 +177,15 @@ class Bucket:
     def __post_init__(self) -> None:
         self.hits = [0.0] * self.depth
         self.tries = [0.0] * self.depth
-        self.cycle_s = {k: None for k in self.candidates}
+        self.rel_cost = {k: None for k in self.candidates}
         self.timed = dict.fromkeys(self.candidates, 0)
+        self.compared = dict.fromkeys(self.candidates, 0)
         self.ran = dict.fromkeys(self.candidates, 0)
+
+    def cycle_s(self, k: int) -> float | None:
+        """Seconds of a k-step cycle at the host's current speed (None: not timed yet)."""
+        rel = self.rel_cost[k]
+        return None if rel is None or self.level is None else math.exp(self.level + rel)
 
     @property
     def cycles(self) -> int:
@@ -275,7 +293,7 @@ class StepController:
         """A measured time: kind "cycle" (start of one decode cycle to the start of the next),
         "draft" or "verify"."""
         b = self.buckets[self.route(batch_size)]
-        if k not in b.cycle_s:
+        if k not in b.rel_cost:
             return
         a = self.config.cost_alpha
         if kind == "cycle":
@@ -283,12 +301,18 @@ class StepController:
             if b.timed[k] == 1:  # a step count's first cycle pays one-off work: not priced
                 return
             b.clock += 1
-            old = b.cycle_s[k]
-            if old is not None:
-                seconds = min(seconds, self.config.outlier * old)
-                if b.clock - b.last_timed.get(k, 0) > self.config.probe_every > 0:
-                    a = max(a, 0.5)  # a stale average: the new time weighs half
-            b.cycle_s[k] = ema(old, seconds, a)
+            x, rel = math.log(seconds), b.rel_cost[k]
+            if rel is None:  # first priced cycle: against the host speed the cycles before it set
+                if b.level is None:
+                    b.level = 0.0
+                b.rel_cost[k] = x - b.level
+            else:
+                x = min(x, b.level + rel + math.log(self.config.outlier))
+                if k == b.choice:  # the choice's cycles follow the host's speed
+                    b.level = ema(b.level, x - rel, LEVEL_ALPHA)
+                else:  # another step count's cycle: its cost relative to the choice's, timed now
+                    b.compared[k] += 1  # a mean of the first few, then a forgetting average
+                    b.rel_cost[k] = ema(rel, x - b.level, max(a, 1 / (b.compared[k] + 1)))
             b.last_timed[k] = b.clock
         elif kind in ("draft", "verify") and b.timed[k]:  # not the first cycle's (see above)
             part = b.draft_s if kind == "draft" else b.verify_s
@@ -321,7 +345,8 @@ class StepController:
     def rates(self, b: Bucket) -> dict[int, float | None]:
         """Expected tokens per second of each candidate (None: not timed yet)."""
         acc = self.acceptance(b)
-        return {k: (None if c is None else expected_tokens(acc, k) / c) for k, c in b.cycle_s.items()}
+        return {k: (None if c is None else expected_tokens(acc, k) / c)
+                for k, c in ((k, b.cycle_s(k)) for k in b.candidates)}
 
     def choose(self, b: Bucket) -> int:
         """The step count the bucket runs next: an under-timed candidate while warming up (the
@@ -362,7 +387,8 @@ class StepController:
                 "choice": b.choice, "cycles": b.cycles, "ran": dict(b.ran),
                 "accept_per_depth": [round(a, 3) for a in acc],
                 "expected_tokens": {k: round(expected_tokens(acc, k), 3) for k in b.candidates},
-                "cycle_ms": {k: None if c is None else round(1e3 * c, 3) for k, c in b.cycle_s.items()},
+                "cycle_ms": {k: None if b.cycle_s(k) is None else round(1e3 * b.cycle_s(k), 3)
+                             for k in b.candidates},
                 "draft_ms": {k: round(1e3 * s, 3) for k, s in sorted(b.draft_s.items())},
                 "verify_ms": {k: round(1e3 * s, 3) for k, s in sorted(b.verify_s.items())},
                 "tok_per_s": {k: None if v is None else round(v, 2) for k, v in r.items()},

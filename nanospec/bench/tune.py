@@ -84,14 +84,16 @@ def cost_model_markdown(report: dict | None, ar_ms_per_token: float | None) -> s
         acc = ", ".join(f"{a:.2f}" for a in b["accept_per_depth"])
         lines += [f"batch-size bucket {bs}: acceptance per draft depth [{acc}]; chose k={b['choice']}; "
                   f"cycles run per k {b['ran']}", "",
-                  "| k | E(k) tokens / cycle | cycle ms | draft ms | verify ms | expected tok/s |"
-                  + (" cycle / AR token |" if ar_ms_per_token else ""),
-                  "|---|---|---|---|---|---|" + ("---|" if ar_ms_per_token else "")]
+                  "| k | E(k) tokens / cycle | cycle ms at the last speed | cycle / 0-step cycle | "
+                  "draft ms | verify ms | expected tok/s |" + (" cycle / AR token |" if ar_ms_per_token else ""),
+                  "|---|---|---|---|---|---|---|" + ("---|" if ar_ms_per_token else "")]
+        plain = b["cycle_ms"].get("0", b["cycle_ms"].get(0))
         for k, e in b["expected_tokens"].items():
             c = b["cycle_ms"].get(k)
             ratio = (f" {c / ar_ms_per_token:.2f} |" if c and ar_ms_per_token else
                      (" - |" if ar_ms_per_token else ""))
             lines.append(f"| {k} | {e:.2f} | {specbench._fmt(c, '.1f')} | "
+                         f"{specbench._fmt(c / plain if c and plain else None, '.2f')} | "
                          f"{specbench._fmt(b['draft_ms'].get(k), '.1f')} | "
                          f"{specbench._fmt(b['verify_ms'].get(k), '.1f')} | "
                          f"{specbench._fmt(b['tok_per_s'].get(k), '.2f')} |{ratio}")
