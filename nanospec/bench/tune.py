@@ -85,7 +85,8 @@ def cost_model_markdown(report: dict | None, ar_ms_per_token: float | None) -> s
         lines += [f"batch-size bucket {bs}: acceptance per draft depth [{acc}]; chose k={b['choice']}; "
                   f"cycles run per k {b['ran']}", "",
                   "| k | E(k) tokens / cycle | cycle ms at the last speed | cycle / 0-step cycle | "
-                  "draft ms | verify ms | expected tok/s |" + (" cycle / AR token |" if ar_ms_per_token else ""),
+                  "draft ms | verify ms | expected tok/s |"
+                  + (" cycle / AR token |" if ar_ms_per_token else ""),
                   "|---|---|---|---|---|---|---|" + ("---|" if ar_ms_per_token else "")]
         plain = b["cycle_ms"].get("0", b["cycle_ms"].get(0))
         for k, e in b["expected_tokens"].items():

@@ -1,8 +1,9 @@
 """Plain-PyTorch twins of the Triton kernels: the CPU path and the test oracle.
 
 They follow the Triton kernels lane by lane (same column choices), so both give bit-identical states.
-One exception on the CPU: the head's products of a few float32 rows go to NanoSpec's CPU kernel
-(nanospec/cpu/gemv.py) where it is built, for the reason in ``rows_product``.
+Two exceptions on the CPU, where NanoSpec's C kernels are built: the head's products of a few float32
+rows go to nanospec/cpu/gemv.py (``rows_product`` says why), and ``extend`` to nanospec/cpu/stream.py,
+the same steps as loops (``extend_twin`` stays the tensor form, and the oracle of both kernels).
 """
 
 from __future__ import annotations
@@ -25,7 +26,27 @@ def extend(st: VocabState, reqs: torch.Tensor, cand: torch.Tensor, valid: torch.
 
     reqs: [B] int64 distinct live slots; cand: [B, C] int64 token ids; valid: [B, C] bool.
     Returns the rows to gather: dst [B, C] int64 flat packed row (-1 for none), src [B, C] int64 tokens.
+    On the CPU, NanoSpec's C kernel runs the same steps where it is built (``_native_extend``).
     """
+    native = _native_extend(st, cand)
+    if native is not None:
+        return native.extend(st, reqs, cand, valid)
+    return extend_twin(st, reqs, cand, valid)
+
+
+def _native_extend(st: VocabState, cand: torch.Tensor):
+    """nanospec.cpu.stream where it takes this update, else None (the twin runs)."""
+    if cand.device.type != "cpu":
+        return None
+    try:
+        from nanospec.cpu import stream
+    except ImportError:
+        return None
+    return stream if stream.usable(st, cand) else None
+
+
+def extend_twin(st: VocabState, reqs: torch.Tensor, cand: torch.Tensor, valid: torch.Tensor):
+    """``extend`` in tensor operations: the Triton kernel's lane-for-lane twin and the C kernel's oracle."""
     B, C = cand.shape
     W, V = st.w_max, st.vocab
     dev = cand.device
