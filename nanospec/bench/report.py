@@ -397,6 +397,7 @@ BLOCKS: dict[str, tuple[Callable[..., tuple[str, Chart | None]], list[str]]] = {
     "draft": (draft_block, ["draft_smollm2"]),
     "steps": (steps_block, ["steps_smollm2"]),
     "steps_quick": (steps_block, ["steps_smollm2_quick"]),
+    "steps_qwen": (steps_block, ["steps_qwen"]),
 }
 
 
