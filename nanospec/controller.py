@@ -10,9 +10,9 @@ own work between two cycles), so whatever a step costs on this host is priced, n
 Only the ratios C(k) / C(j) decide, and a shared host changes every cycle's time at once (this
 CPU runs 1.4x slower for spells of tens of cycles), so costs are kept relative to the host's current
 speed: the chosen step count's cycles track that speed (a fast average of their log times), and a
-cycle with another step count is priced against that speed as it stood just before. Comparing a plain cycle
-timed in a slow spell with a drafting cycle timed in a fast one would make drafting look cheaper
-than it is; that kept a draft that never paid running in half the cycles (docs/results.md).
+cycle with another step count is priced against that speed as it stood just before. Comparing a
+plain cycle timed in a slow spell with a drafting cycle timed in a fast one would make drafting look
+cheaper than it is; that kept a draft that never paid running in half the cycles (docs/results.md).
 
 Costs and acceptance are forgetting averages, so a bucket follows a workload that changes; a depth
 seldom tried leans on a prior (depth 1: ``prior_accept``; deeper: the rate of the depth above).
@@ -58,11 +58,11 @@ class ControllerConfig:
     """keep: retention of a depth's acceptance counts per request drafted to that depth (0.98: about
     the last 50). cost_alpha: weight of a new cycle time in its step count's relative cost (once a
     few are in). prior_accept, prior_weight: the prior depth-1 acceptance and its weight in
-    pseudo-requests. warmup_cycles: timed cycles of
-    each candidate before the bucket chooses by cost. probe_every: cycles between two probes of
-    another step count (0: never). margin: a new choice must beat the current one by this fraction
-    (no flapping between near-equal choices). outlier: cap of one cycle time, in multiples of its
-    expected time. cold_plain: 0-step cycles skip the draft's catch-up pass (module docstring)."""
+    pseudo-requests. warmup_cycles: timed cycles of each candidate before the bucket chooses by
+    cost. probe_every: cycles between two probes of another step count (0: never). margin: a new
+    choice must beat the current one by this fraction (no flapping between near-equal choices).
+    outlier: cap of one cycle time, in multiples of its expected time. cold_plain: 0-step cycles skip
+    the draft's catch-up pass (module docstring)."""
 
     keep: float = 0.98
     cost_alpha: float = 0.2
