@@ -11,12 +11,6 @@
 
 #define CMAX 1024 /* candidates per request; the caller keeps the twin for more */
 
-static long lane_rank(const unsigned char *m, long i) { /* m's set lanes before i */
-    long r = 0;
-    for (long j = 0; j < i; j++) r += m[j];
-    return r;
-}
-
 /* Returns 0, or -1 (nothing written) when a slot lies outside [0, R) or a valid candidate outside
  * [0, V): the twin's indexing raises there, and a C write there would corrupt memory. */
 int nanospec_stream_extend(int16_t *col_of, int32_t *col_tok, int16_t *count, int16_t *ring, int16_t *stack,
