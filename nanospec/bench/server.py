@@ -8,6 +8,8 @@ also ends the scheduler and detokenizer processes it spawns; its output goes to 
 file when None; truncated at start unless ``append_log``). ``start()`` (or ``with Server(...) as srv:``)
 waits until ``/health`` answers 200 and ``/get_model_info`` answers; a server that dies or is not ready
 within ``startup_timeout`` is a ``RuntimeError`` carrying its log tail, and its process group is stopped.
+A server that could not bind a port ``free_port`` picked is launched again on a fresh one
+(``start(attempts=3)``, the log appended); a port given by the caller is never changed.
 ``stop()`` (idempotent, also run at interpreter exit for servers still up) sends SIGTERM to the group, then
 SIGKILL after ``grace`` seconds to whatever is left.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -35,8 +38,31 @@ from pathlib import Path
 _LIVE: set[Server] = set()
 
 
+# Ports the server binds only seconds after we pick them. A port from the kernel's ephemeral range
+# (bind(0), outgoing connections) can be handed to another socket in between -- in CI, to one of the
+# server's own start-up sockets -- so pick below that range, and away from SGLang's own pick for its
+# dist-init port (22000-29999, sglang.srt.utils.network.get_free_port_below_ephemeral).
+_PORT_LOW, _PORT_HIGH = 10000, 21999
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
+    """A TCP port free on 127.0.0.1 now, below the kernel's ephemeral range where one is known, so that
+    nothing else is handed it before the server binds it."""
+    high = min(_PORT_HIGH, _ephemeral_low() - 1)
+    for port in random.sample(range(_PORT_LOW, high + 1), min(64, max(high - _PORT_LOW + 1, 0))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -59,8 +85,8 @@ class Server:
         self.model_path = str(model)
         self.args = [str(a) for a in args]
         self.env = dict(env or {})
-        self.port = port or free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
+        self._own_port = port is None  # ours to change when another socket takes it first
+        self._use_port(port or free_port())
         self.startup_timeout = startup_timeout
         if log_path is None:
             fd, log_path = tempfile.mkstemp(prefix="sglang_server_", suffix=".log")
@@ -69,6 +95,10 @@ class Server:
         self.append_log = append_log
         self.process: subprocess.Popen | None = None
         self._log_file = None
+
+    def _use_port(self, port: int) -> None:
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
 
     @property
     def url(self) -> str:
@@ -86,12 +116,28 @@ class Server:
     def environment(self) -> dict[str, str]:
         return {**os.environ, **self.env}
 
-    def start(self) -> Server:
+    def start(self, attempts: int = 3) -> Server:
+        """Launch and wait until ready. A server that could not bind a port we picked is launched again
+        on a fresh port, up to ``attempts`` launches in all; a port given to ``__init__`` is never changed."""
         if self.process is not None:
             return self
+        for attempt in range(attempts):
+            self._launch(append=self.append_log or attempt > 0)
+            try:
+                self._wait_ready()
+                return self
+            except BaseException as e:
+                self.stop()
+                if not (self._own_port and attempt + 1 < attempts and isinstance(e, RuntimeError)
+                        and self._port_was_taken()):
+                    raise
+            self._use_port(free_port())
+        raise AssertionError("unreachable")
+
+    def _launch(self, append: bool) -> None:
         cmd = self.command()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file = open(self.log_path, "ab" if self.append_log else "wb", buffering=0)
+        self._log_file = open(self.log_path, "ab" if append else "wb", buffering=0)
         self._log_file.write(("$ " + " ".join(cmd) + "\n").encode())
         self.process = subprocess.Popen(
             cmd, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -99,12 +145,12 @@ class Server:
             start_new_session=True,  # own process group: stop() ends the scheduler and detokenizer too
         )
         _LIVE.add(self)
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+
+    def _port_was_taken(self) -> bool:
+        """Whether the last launch failed because its HTTP port was taken (uvicorn's EADDRINUSE line)."""
+        text = self.log_text()
+        last_launch = text[text.rfind("$ " + self.command()[0]):]
+        return f"{self.port}): address already in use" in last_launch
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
