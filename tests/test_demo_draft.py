@@ -9,6 +9,7 @@ import pytest
 
 from nanospec import demo
 from nanospec.bench import specbench
+from nanospec.data import load_questions
 from tests.support.tiny_models import make_tiny_llama
 
 
@@ -82,6 +83,27 @@ def test_overall_table_lists_every_method_against_ar_with_what_it_ran():
     assert lines[1].split() == ["ar", "10.00", "1.00x", "-", "-", "yes", "plain", "decoding"]
     assert lines[2].split() == ["nanospec", "12.50", "1.25x", "1.80", "812", "no", "controller:", "k=0",
                                 "10%,", "k=1", "90%"]
+
+
+def test_category_spread_names_each_methods_slowest_and_fastest_category():
+    def cats(**speedups):
+        return {"overall": {"speedup": 1.0}, **{c: {"speedup": v} for c, v in speedups.items()}}
+
+    summary = {"ar": cats(writing=1.0, math=1.0), "eagle3": cats(writing=0.7, math=0.9),
+               "nanospec": cats(writing=0.98, math=1.29, coding=1.1)}
+    assert demo.category_spread(summary).splitlines() == [
+        "eagle3 vs ar by category: 0.70x (writing) to 0.90x (math)",
+        "nanospec vs ar by category: 0.98x (writing) to 1.29x (math)"]
+    assert demo.category_spread({"ar": cats(writing=1.0), "nanospec": cats(writing=1.1)}) == ""
+
+
+def test_the_default_run_asks_one_question_of_each_category_for_128_tokens(target, data, tmp_path):
+    a = demo.parse_args(["--model", str(target), "--data", str(data), "--out", str(tmp_path / "out")])
+    a.questions = demo.question_file(a.questions)
+    bench = specbench.parse_args(demo.bench_argv(a, str(target), tmp_path / "draft"))
+    assert (bench.per_category, bench.num_questions, bench.max_new_tokens) == (1, None, 128)
+    picked = load_questions(bench.questions, bench.num_questions, bench.per_category)
+    assert len({q["category"] for q in picked}) == len(picked) == 8
 
 
 def shipped(monkeypatch, tmp_path, target, name="tiny"):
