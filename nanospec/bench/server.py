@@ -43,6 +43,7 @@ _LIVE: set[Server] = set()
 # server's own start-up sockets -- so pick below that range, and away from SGLang's own pick for its
 # dist-init port (22000-29999, sglang.srt.utils.network.get_free_port_below_ephemeral).
 _PORT_LOW, _PORT_HIGH = 10000, 21999
+_PORT_RNG = random.Random()  # its own: a test that seeds ``random`` must not replay the same ports
 
 
 def _ephemeral_low() -> int:
@@ -56,7 +57,7 @@ def free_port() -> int:
     """A TCP port free on 127.0.0.1 now, below the kernel's ephemeral range where one is known, so that
     nothing else is handed it before the server binds it."""
     high = min(_PORT_HIGH, _ephemeral_low() - 1)
-    for port in random.sample(range(_PORT_LOW, high + 1), min(64, max(high - _PORT_LOW + 1, 0))):
+    for port in _PORT_RNG.sample(range(_PORT_LOW, high + 1), min(64, max(high - _PORT_LOW + 1, 0))):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
