@@ -17,8 +17,11 @@ cheaper than it is; that kept a draft that never paid running in half the cycles
 Costs and acceptance are forgetting averages, so a bucket follows a workload that changes; a depth
 seldom tried leans on a prior (depth 1: ``prior_accept``; deeper: the rate of the depth above).
 Until every candidate of a bucket has been timed, the bucket runs the untimed ones in turn; after
-that, one cycle in ``probe_every`` runs the other candidate timed longest ago, so a bucket that
-settled on fewer steps, or on none, still sees whether deeper drafts have started to land. A
+that, the bucket probes the other candidates now and then, so a bucket that settled on fewer steps,
+or on none, still sees whether deeper drafts have started to land: each is timed again once every
+``probe_every`` cycles per other candidate, and up to 8 times as often the nearer its expected speed
+to the choice's (within ``NEAR_LOSS``): a near-tie that the warm-up's few noisy cycles decided the
+wrong way is put right within tens of cycles, while a candidate that clearly loses costs little. A
 candidate's first few relative costs are averaged evenly (one taken during warm-up, at a change of
 host speed, does not linger), later ones with weight ``cost_alpha``. A cycle time above ``outlier``
 times its expected time counts as that much, so a single stalled cycle moves nothing far.
@@ -51,6 +54,7 @@ from pathlib import Path
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 LEVEL_ALPHA = 0.3  # weight of one of the choice's cycles in the host speed: about the last 3
+NEAR_LOSS = 0.10  # a candidate this much slower than the choice, or more, is probed at the base rate
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,9 @@ class ControllerConfig:
     the last 50). cost_alpha: weight of a new cycle time in its step count's relative cost (once a
     few are in). prior_accept, prior_weight: the prior depth-1 acceptance and its weight in
     pseudo-requests. warmup_cycles: timed cycles of each candidate before the bucket chooses by
-    cost. probe_every: cycles between two probes of another step count (0: never). margin: a new
+    cost. probe_every: cycles between two probes of other step counts, at the most (0: never; each
+    other candidate is probed once in ``probe_every`` x their number, down to an eighth of that for
+    a near-tie; probes are at least ``probe_every / 16`` cycles apart). margin: a new
     choice must beat the current one by this fraction (no flapping between near-equal choices).
     outlier: cap of one cycle time, in multiples of its expected time. cold_plain: 0-step cycles skip
     the draft's catch-up pass (module docstring)."""
@@ -351,8 +357,8 @@ class StepController:
     def choose(self, b: Bucket) -> int:
         """The step count the bucket runs next: an under-timed candidate while warming up (the
         current one first); else the fastest by E(k)/C(k), unless the last choice is within
-        ``margin`` of it; every ``probe_every`` cycles, the other candidate timed longest ago (the
-        nearest to the choice among equals)."""
+        ``margin`` of it; or a probe of the other candidate most overdue (``overdue``), the nearest to
+        the choice among equals."""
         need = self.config.warmup_cycles + 1  # + the unpriced first cycle
         if b.timed.get(b.current, 0) < need:
             b.choice = b.current
@@ -367,12 +373,24 @@ class StepController:
         if last is None or r[best] > last * (1 + self.config.margin):
             b.choice = best
         others = [k for k in b.candidates if k != b.choice]
-        if self.config.probe_every and b.since_probe >= self.config.probe_every and others:
-            b.since_probe = 0
-            b.probes += 1
-            return min(others, key=lambda k: (b.last_timed.get(k, 0), abs(k - b.choice), -k))
         b.since_probe += 1
+        every = self.config.probe_every
+        if every and others and b.since_probe >= max(1, every // 16):
+            due = {k: self.overdue(b, r, k, every * len(others)) for k in others}
+            k = max(others, key=lambda k: (due[k], -abs(k - b.choice), k))
+            if due[k] >= 1.0:
+                b.since_probe = 0
+                b.probes += 1
+                return k
         return b.choice
+
+    def overdue(self, b: Bucket, rates: dict[int, float | None], k: int, period: int) -> float:
+        """Priced cycles since candidate k was last timed, in units of its probe period: ``period``
+        for a candidate ``NEAR_LOSS`` or more slower than the choice, down to period / 8 for one
+        as fast (probing a near-tie costs little and settles a choice the noise may have got wrong)."""
+        loss = max(0.0, 1.0 - rates[k] / rates[b.choice])
+        scaled = period * min(1.0, max(1 / 8, loss / NEAR_LOSS))
+        return (b.clock - b.last_timed.get(k, 0)) / scaled
 
     def report(self) -> dict:
         """Per bucket: acceptance per depth, E(k), cycle/draft/verify ms, tokens per second, current
