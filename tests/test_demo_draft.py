@@ -97,11 +97,14 @@ def test_category_spread_names_each_methods_slowest_and_fastest_category():
     assert demo.category_spread({"ar": cats(writing=1.0), "nanospec": cats(writing=1.1)}) == ""
 
 
-def test_the_default_run_asks_one_question_of_each_category_for_128_tokens(target, data, tmp_path):
+def test_the_default_run_asks_each_category_one_question_of_128_tokens_side_by_side(target, data, tmp_path):
     a = demo.parse_args(["--model", str(target), "--data", str(data), "--out", str(tmp_path / "out")])
     a.questions = demo.question_file(a.questions)
     bench = specbench.parse_args(demo.bench_argv(a, str(target), tmp_path / "draft"))
     assert (bench.per_category, bench.num_questions, bench.max_new_tokens) == (1, None, 128)
+    assert bench.interleave  # the methods side by side, not each on the host of its own minutes
+    a.sequential = True
+    assert not specbench.parse_args(demo.bench_argv(a, str(target), tmp_path / "draft")).interleave
     picked = load_questions(bench.questions, bench.num_questions, bench.per_category)
     assert len({q["category"] for q in picked}) == len(picked) == 8
 

@@ -87,6 +87,67 @@ def test_each_method_answers_turn_two_after_its_own_turn_one(tokenizer):
     assert len(sb.answer_all(generate, tokenizer, QUESTIONS[:1], 8, max_turns=1)) == 1
 
 
+def fake_servers(monkeypatch) -> list[tuple]:
+    """Replace the harness's Server; returns the list of what the fake servers were asked, in order."""
+    events: list[tuple] = []
+
+    class FakeServer:
+        def __init__(self, model, args, env, log):
+            self.name = log.stem
+            events.append(("args", self.name, list(args)))
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text("")
+
+        def start(self):
+            events.append(("start", self.name))
+            return self
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            events.append(("stop", self.name))
+
+        def generate(self, ids, max_new_tokens=32, ignore_eos=False):
+            events.append(("generate", self.name, max_new_tokens))
+            return {"text": self.name, "output_ids": [1], "meta_info": {"completion_tokens": 1}}
+
+    monkeypatch.setattr(sb, "Server", FakeServer)
+    return events
+
+
+def test_interleaved_run_starts_every_server_first_then_rotates_the_methods_question_by_question(
+        tokenizer, tmp_path, monkeypatch):
+    events = fake_servers(monkeypatch)
+    methods = [sb.Method("ar"), sb.Method("eagle3", ["--speculative-algorithm", "EAGLE3"]),
+               sb.Method("nanospec")]
+    runs = sb.run_interleaved(methods, "target", ["--device", "cpu"], {}, tokenizer, QUESTIONS[:3], 16, 1,
+                              tmp_path / "logs")
+    events = [e for e in events if e[0] != "args"]
+    warm = [("start", "ar"), ("generate", "ar", 8), ("start", "eagle3"), ("generate", "eagle3", 8),
+            ("start", "nanospec"), ("generate", "nanospec", 8)]
+    assert events[:6] == warm  # every server up (and warmed up) before the first measured request
+    asked = [e[1] for e in events[6:] if e[0] == "generate"]
+    assert asked == ["ar", "eagle3", "nanospec", "eagle3", "nanospec", "ar", "nanospec", "ar", "eagle3"]
+    assert sorted(e[1] for e in events if e[0] == "stop") == ["ar", "eagle3", "nanospec"]
+    assert [r["method"] for r in runs] == ["ar", "eagle3", "nanospec"]
+    assert all([x["question_id"] for x in r["records"]] == [1, 2, 3] for r in runs)
+    assert runs[1]["config"].startswith("steps None")  # read from its log, as a sequential run does
+
+
+def test_interleaved_servers_sleep_when_idle(tokenizer, tmp_path, monkeypatch):
+    events = fake_servers(monkeypatch)
+    sb.run_interleaved([sb.Method("ar"), sb.Method("nanospec")], "t", ["--device", "cpu"], {}, tokenizer,
+                       QUESTIONS[:1], 4, 1, tmp_path)
+    args = [e[2] for e in events if e[0] == "args"]
+    assert len(args) == 2 and all(a.count("--sleep-on-idle") == 1 for a in args)  # idle schedulers spin
+
+
+def test_interleave_flag_reaches_the_harness():
+    assert sb.parse_args(["--make-tiny", "d", "--interleave"]).interleave
+    assert not sb.parse_args(["--make-tiny", "d"]).interleave
+
+
 def rec(qid, cat, turn, tokens, wall, ids, verify=None, vocab=None):
     return {"question_id": qid, "category": cat, "turn": turn, "completion_tokens": tokens, "wall_s": wall,
             "output_ids": ids, "verify_ct": verify, "active_vocab": vocab}

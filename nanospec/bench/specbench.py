@@ -1,6 +1,7 @@
 """Spec-Bench-style serving benchmark: AR, EAGLE3, EAGLE3 with a static top-N head, NANOSPEC (+ ablations).
 
-For each method in turn it starts a real SGLang server (start, warm up, measure, stop), answers every
+For each method in turn it starts a real SGLang server (start, warm up, measure, stop; with
+``--interleave`` all servers at once, every method answering a question before the next), answers every
 question of a Spec-Bench-format jsonl file (``{"question_id", "category", "turns": [...]}``) one request
 at a time, greedy, multi-turn as Spec-Bench does (turn 2's prompt holds turn 1's question and this
 method's own answer, rendered with the target's chat template, or as plain "User:/Assistant:" text when
@@ -36,7 +37,9 @@ import re
 import signal
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from nanospec import draft_format as fmt
@@ -121,23 +124,67 @@ def answer_all(generate, tokenizer, questions: list[dict], max_new_tokens: int, 
     return records
 
 
-def run_method(method: Method, target: str, base_args: list[str], env: dict[str, str], tokenizer,
-               questions: list[dict], max_new_tokens: int, max_turns: int, log_dir: Path,
-               ignore_eos: bool = False) -> dict:
-    log = log_dir / (re.sub(r"[^A-Za-z0-9_.-]+", "_", method.name) + ".log")  # "eagle3 3/1/4" -> eagle3_3_1_4
+def log_path(log_dir: Path, method: Method) -> Path:
+    # "eagle3 3/1/4" -> eagle3_3_1_4.log
+    return log_dir / (re.sub(r"[^A-Za-z0-9_.-]+", "_", method.name) + ".log")
+
+
+def start_server(method: Method, target: str, base_args: list[str], env: dict[str, str], tokenizer,
+                 questions: list[dict], log_dir: Path) -> tuple[Server, float]:
+    """A started and warmed-up server for ``method`` and its start-up seconds; the caller stops it."""
     t0 = time.perf_counter()
-    with Server(target, base_args + method.args, {**env, **method.env}, log) as srv:
-        started = time.perf_counter() - t0
-        # Warm-up outside the measurement: first-call allocations and lazy init.
+    srv = Server(target, base_args + method.args, {**env, **method.env}, log_path(log_dir, method)).start()
+    started = time.perf_counter() - t0
+    try:  # warm-up outside the measurement: first-call allocations and lazy init
         srv.generate(render(tokenizer, questions[0]["turns"], []), 8)
-        records = answer_all(lambda ids: srv.generate(ids, max_new_tokens, ignore_eos), tokenizer,
-                             questions, max_new_tokens, max_turns)
+    except BaseException:
+        srv.stop()
+        raise
+    return srv, started
+
+
+def method_result(method: Method, log_dir: Path, started: float, records: list[dict]) -> dict:
+    """One method's run: its records plus what its server log says (draft step, controller report)."""
+    text = log_path(log_dir, method).read_text(errors="replace")
     # AR has no draft step; a speculative server that never reached 10 draft calls logged no timing.
-    text = log.read_text(errors="replace")
     draft_ms = draft_ms_from_log(text) if method.name != "ar" else None
     steps = steps_report_from_log(text)
     return {"method": method.name, "startup_s": started, "draft_ms": draft_ms, "records": records,
             "config": method_config(method, text, steps), "steps_report": steps}
+
+
+def run_method(method: Method, target: str, base_args: list[str], env: dict[str, str], tokenizer,
+               questions: list[dict], max_new_tokens: int, max_turns: int, log_dir: Path,
+               ignore_eos: bool = False) -> dict:
+    srv, started = start_server(method, target, base_args, env, tokenizer, questions, log_dir)
+    with srv:
+        records = answer_all(lambda ids: srv.generate(ids, max_new_tokens, ignore_eos), tokenizer,
+                             questions, max_new_tokens, max_turns)
+    return method_result(method, log_dir, started, records)
+
+
+def run_interleaved(methods: list[Method], target: str, base_args: list[str], env: dict[str, str], tokenizer,
+                    questions: list[dict], max_new_tokens: int, max_turns: int, log_dir: Path,
+                    ignore_eos: bool = False) -> list[dict]:
+    """Every method's server up at once, idle ones asleep (``--sleep-on-idle``), and each question
+    answered by every method before the next one, the first method rotating question by question.
+    A shared host's speed drifts by 10-30 % over minutes; servers run one after another each meet a
+    different host, servers run side by side meet the same one."""
+    args = base_args + ([] if "--sleep-on-idle" in base_args else ["--sleep-on-idle"])
+    records: dict[str, list[dict]] = {m.name: [] for m in methods}
+    started: dict[str, float] = {}
+    with ExitStack() as stack:
+        servers = {}
+        for m in methods:
+            print(f"[specbench] {m.name}: starting server", flush=True)
+            srv, started[m.name] = start_server(m, target, args, env, tokenizer, questions, log_dir)
+            servers[m.name] = stack.enter_context(srv)
+        for i, q in enumerate(questions):
+            for m in methods[i % len(methods):] + methods[: i % len(methods)]:
+                generate = partial(servers[m.name].generate, max_new_tokens=max_new_tokens,
+                                   ignore_eos=ignore_eos)
+                records[m.name] += answer_all(generate, tokenizer, [q], max_new_tokens, max_turns)
+    return [method_result(m, log_dir, started[m.name], records[m.name]) for m in methods]
 
 
 def steps_report_from_log(text: str) -> dict | None:
@@ -418,6 +465,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-turns", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    ap.add_argument("--interleave", action="store_true",
+                    help="all servers up at once (idle ones asleep), every method answering each question "
+                    "before the next: ratios not skewed by the host's speed drifting between servers")
     ap.add_argument("--methods", default=DEFAULT_METHODS,
                     help=f"comma-separated, from {','.join(ALL_METHODS)}")
     ap.add_argument("--spec-steps", type=int, default=3)
@@ -481,17 +531,20 @@ def run(a: argparse.Namespace, tokenizer=None) -> tuple[dict, list[dict], list[P
     spec = ["--speculative-num-steps", str(a.spec_steps), "--speculative-eagle-topk", str(a.spec_topk),
             "--speculative-num-draft-tokens", str(a.spec_draft_tokens)]
     env = {"OMP_NUM_THREADS": str(a.threads)} if a.threads else {}
-    runs = []
-    for m in make_methods(a.methods, a.draft, static, spec):
-        print(f"[specbench] {m.name}: starting server", flush=True)
-        r = run_method(m, target, base_server_args(device, dtype, a.server_args), env, tokenizer, questions,
-                       a.max_new_tokens, a.max_turns, work / "logs", a.ignore_eos)
-        tok = sum(x["completion_tokens"] for x in r["records"])
-        wall = sum(x["wall_s"] for x in r["records"])
-        draft = f", draft step {r['draft_ms']:.2f} ms" if r["draft_ms"] is not None else ""
-        print(f"[specbench] {m.name}: {tok} tokens in {wall:.1f} s ({tok / wall:.2f} tok/s){draft}, "
-              f"server start {r['startup_s']:.0f} s", flush=True)
-        runs.append(r)
+    methods = make_methods(a.methods, a.draft, static, spec)
+    base, logs = base_server_args(device, dtype, a.server_args), work / "logs"
+    if a.interleave:
+        runs = run_interleaved(methods, target, base, env, tokenizer, questions, a.max_new_tokens,
+                               a.max_turns, logs, a.ignore_eos)
+        for r in runs:
+            print_run(r)
+    else:
+        runs = []
+        for m in methods:
+            print(f"[specbench] {m.name}: starting server", flush=True)
+            runs.append(run_method(m, target, base, env, tokenizer, questions, a.max_new_tokens, a.max_turns,
+                                   logs, a.ignore_eos))
+            print_run(runs[-1])
     summary = summarize(runs)
     tiny = {"dir": str(a.make_tiny), "vocab": a.vocab, "hidden": a.hidden} if a.make_tiny else None
     meta = {"target": str(target), "draft": str(a.draft), "static_draft": str(static),
@@ -500,8 +553,16 @@ def run(a: argparse.Namespace, tokenizer=None) -> tuple[dict, list[dict], list[P
                         "(NANOSPEC_TIME_DRAFT=1; over all its draft calls, from its log's last timing line)",
             "questions": f"{len(questions)} questions x {a.max_turns} turns, {a.max_new_tokens} new tokens",
             "methods": a.methods, "device": device, "dtype": dtype, "spec": spec, "threads": a.threads,
-            "ignore_eos": a.ignore_eos, "argv": sys.argv[1:]}
+            "ignore_eos": a.ignore_eos, "interleave": a.interleave, "argv": sys.argv[1:]}
     return summary, runs, write_results(summary, runs, meta, a.out)
+
+
+def print_run(r: dict) -> None:
+    tok = sum(x["completion_tokens"] for x in r["records"])
+    wall = sum(x["wall_s"] for x in r["records"])
+    draft = f", draft step {r['draft_ms']:.2f} ms" if r["draft_ms"] is not None else ""
+    print(f"[specbench] {r['method']}: {tok} tokens in {wall:.1f} s ({tok / wall:.2f} tok/s){draft}, "
+          f"server start {r['startup_s']:.0f} s", flush=True)
 
 
 def stop_on_sigterm() -> None:
