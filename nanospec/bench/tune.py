@@ -1,7 +1,8 @@
 """Sweep the draft tree for a target and draft on this host, through the real SGLang server, and show
 where NANOSPEC's step controller lands: plain decoding, EAGLE3 and NANOSPEC at every fixed
 configuration (steps/topk/draft tokens), EAGLE3 under SGLang's own ``--speculative-adaptive``, and
-NANOSPEC with its controller, one after another in one run, same questions, greedy.
+NANOSPEC with its controller, one after another in one run (``--interleave``: all servers up at once,
+taking each question in turn), same questions, greedy.
 
     python -m nanospec.bench.tune --target smollm2-135m --draft nanospec/drafts/smollm2-135m \\
         --questions ../shared/data/mt_bench/question.jsonl --per-category 1 --max-turns 1 \\
@@ -161,12 +162,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="comma-separated steps/topk/draft_tokens swept for EAGLE3 and NANOSPEC")
     ap.add_argument("--no-fixed-nanospec", action="store_true",
                     help="leave out NANOSPEC at the fixed configurations (the controller still runs)")
+    ap.add_argument("--interleave", action="store_true",
+                    help="all servers up at once, every configuration answering each question before the "
+                    "next (specbench --interleave): ratios free of the host's drift, for the memory of all")
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS for the servers")
     ap.add_argument("--server-args", default="")
     ap.add_argument("--out", type=Path, default=Path("tune_out"))
     return ap.parse_args(argv)
+
+
+def run_all(ms: list[specbench.Method], interleave: bool, target: str, base: list[str], env: dict[str, str],
+            tokenizer, questions: list[dict], max_new_tokens: int, max_turns: int, logs: Path) -> list[dict]:
+    """Every method's run: one server after another, or all side by side (``specbench.run_interleaved``)."""
+    if interleave:
+        runs = specbench.run_interleaved(ms, target, base, env, tokenizer, questions, max_new_tokens,
+                                         max_turns, logs)
+    else:
+        runs = []
+        for m in ms:
+            print(f"[tune] {m.name}: starting server", flush=True)
+            runs.append(specbench.run_method(m, target, base, env, tokenizer, questions, max_new_tokens,
+                                             max_turns, logs))
+    for r in runs:
+        tok, wall = sum(x["completion_tokens"] for x in r["records"]), sum(x["wall_s"] for x in r["records"])
+        print(f"[tune] {r['method']}: {tok / wall:.2f} tok/s ({r['config']})", flush=True)
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,14 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     dtype = a.dtype or ("float32" if device == "cpu" else "auto")
     base = specbench.base_server_args(device, dtype, a.server_args)
     env = {"OMP_NUM_THREADS": str(a.threads)} if a.threads else {}
-    runs = []
-    for m in methods(a.draft, a.configs, not a.no_fixed_nanospec):
-        print(f"[tune] {m.name}: starting server", flush=True)
-        r = specbench.run_method(m, target, base, env, tokenizer, questions, a.max_new_tokens, a.max_turns,
-                                 a.out / "logs")
-        tok, wall = sum(x["completion_tokens"] for x in r["records"]), sum(x["wall_s"] for x in r["records"])
-        print(f"[tune] {m.name}: {tok / wall:.2f} tok/s ({r['config']})", flush=True)
-        runs.append(r)
+    runs = run_all(methods(a.draft, a.configs, not a.no_fixed_nanospec), a.interleave, target, base, env,
+                   tokenizer, questions, a.max_new_tokens, a.max_turns, a.out / "logs")
     summary = specbench.summarize(runs, draft_ref="")
     r = ratios(summary)
     ar = summary.get("ar", {}).get("overall")
@@ -201,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     report = next((x["steps_report"] for x in runs if x["method"] == "nanospec controller"), None)
     meta = {"target": str(target), "draft": str(a.draft), "device": device, "dtype": dtype,
             "questions": f"{len(questions)} questions x {a.max_turns} turns, {a.max_new_tokens} new tokens",
-            "configs": ["/".join(map(str, c)) for c in a.configs], "threads": a.threads, "argv": sys.argv[1:]}
+            "configs": ["/".join(map(str, c)) for c in a.configs], "threads": a.threads,
+            "interleave": a.interleave, "argv": sys.argv[1:]}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "tune.json").write_text(json.dumps({"meta": meta, "summary": summary, "ratios": r,
                                                  "cost_model": report, "runs": runs}, indent=1))
