@@ -156,8 +156,14 @@ def test_build_tree_matches_reference(bs, topk, steps, D, mode):
             assert torch.equal(got, ref)
 
 
-@pytest.mark.parametrize("bs,topk,steps,D", TREE_CASES)
-def test_verify_tree_greedy_matches_reference_for_every_accept_length(bs, topk, steps, D):
+VERIFY_PATHS = {"kernel": ops_spec.verify_tree_greedy_cpu, "torch": ops_spec.verify_tree_greedy_torch}
+
+
+@pytest.mark.parametrize("path", list(VERIFY_PATHS))
+@pytest.mark.parametrize("bs,topk,steps,D", TREE_CASES + [(3, 1, 0, 1)])
+def test_verify_tree_greedy_matches_reference_for_every_accept_length(bs, topk, steps, D, path):
+    if path == "kernel" and not native.available():
+        pytest.skip("the C kernels are not built on this host")
     gen = torch.Generator().manual_seed(7 + bs + topk + steps)
     S = steps + 1
     seen = set()
@@ -179,15 +185,27 @@ def test_verify_tree_greedy_matches_reference_for_every_accept_length(bs, topk, 
         predicts = torch.zeros(bs * D, dtype=torch.int32)
         accept_index = torch.full((bs, S), -1, dtype=torch.int32)
         accept_num = torch.zeros(bs, dtype=torch.int32)
-        ops_spec.verify_tree_greedy_cpu(
-            predicts, accept_index, accept_num, candidates, ridx, rnext, rsib, target
-        )
+        VERIFY_PATHS[path](predicts, accept_index, accept_num, candidates, ridx, rnext, rsib, target)
         assert torch.equal(predicts, want[0])
         assert torch.equal(accept_index, want[1])
         assert torch.equal(accept_num, want[2])
         seen.update(accept_num.tolist())
     max_len = min(steps, D - 1)
     assert seen == set(range(max_len + 1)), f"accept lengths covered: {sorted(seen)}"
+
+
+def test_verify_tree_greedy_kernel_rejects_an_index_outside_the_tree_and_writes_nothing():
+    if not native.available():
+        pytest.skip("the C kernels are not built on this host")
+    ridx = torch.tensor([[0, 1, 9]])  # node 2's global id lies past the 3 predictions
+    rnext, rsib = torch.tensor([[1, 2, -1]]), torch.full((1, 3), -1)
+    predicts, accept_index = torch.zeros(3, dtype=torch.int32), torch.full((1, 3), -1, dtype=torch.int32)
+    accept_num = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(IndexError, match="outside"):
+        ops_spec.verify_tree_greedy_cpu(predicts, accept_index, accept_num,
+                                        torch.zeros(1, 3, dtype=torch.long), ridx, rnext, rsib,
+                                        torch.zeros(3, dtype=torch.long))
+    assert not predicts.any() and bool((accept_index == -1).all()) and not accept_num.any()
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from nanospec.cpu import native
+
 
 def _segments(req_pool_indices, start: torch.Tensor, end: torch.Tensor):
     """Per-request ranges [start, end) as a padded grid: (rows [bs, 1], cols [bs, n], valid mask or None).
@@ -269,8 +271,42 @@ def verify_tree_greedy_cpu(
     From the root, repeatedly descend to the first child (in sibling order) whose candidate token equals
     the target's prediction at the current node; stop when none does. Writes ``accept_index[b, 0..n]``
     (global node ids; rest untouched), ``accept_token_num[b] = n`` and ``predicts[node] =
-    target_predict[node]`` for every accepted node and the last one.
+    target_predict[node]`` for every accepted node and the last one. Runs in spec.c where the C kernels
+    are built and the outputs are contiguous int32 CPU tensors; else in PyTorch
+    (``verify_tree_greedy_torch``, the twin).
     """
+    if candidates.shape[0] == 0:
+        return
+    outs = (predicts, accept_index, accept_token_num)
+    if (all(t.device.type == "cpu" and t.dtype == torch.int32 and t.is_contiguous() for t in outs)
+            and candidates.device.type == "cpu" and native.available()):
+        bs, D = candidates.shape
+        ins = [t.reshape(bs, D).long().contiguous() for t in
+               (candidates, retrive_index, retrive_next_token, retrive_next_sibling)]
+        tflat = target_predict.reshape(-1).long().contiguous()
+        n = min(predicts.numel(), tflat.numel())
+        rc = native.library().nanospec_verify_greedy(
+            predicts.data_ptr(), accept_index.data_ptr(), accept_token_num.data_ptr(),
+            *(t.data_ptr() for t in ins), tflat.data_ptr(), bs, D, accept_index.shape[1], n)
+        if rc:
+            raise IndexError(f"verify_tree_greedy: a tree index outside [0, {n}) or a child or sibling "
+                             f"outside [-1, {D}); nothing was written")
+        return
+    verify_tree_greedy_torch(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                             retrive_next_token, retrive_next_sibling, target_predict)
+
+
+def verify_tree_greedy_torch(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    candidates: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    target_predict: torch.Tensor,
+) -> None:
+    """``verify_tree_greedy_cpu`` in tensor operations (the C kernel's twin), any device and dtypes."""
     bs, D = candidates.shape
     S = accept_index.shape[1]
     if bs == 0:
