@@ -202,6 +202,7 @@ def test_methods_map_to_algorithms_drafts_and_plugin_settings(tmp_path):
     ms = {m.name: m for m in sb.make_methods(list(sb.ALL_METHODS), tmp_path / "d", tmp_path / "s", spec)}
     timed = {"NANOSPEC_TIME_DRAFT": "1"}  # every speculative server times its draft step; AR has none
     assert ms["ar"].args == [] and ms["ar"].env == {}
+    assert ms["ar-repeat"].args == [] and ms["ar-repeat"].env == {}  # the noise floor: plain decoding again
     assert ms["eagle3"].args[:4] == ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
                                      str(tmp_path / "d")]
     assert ms["eagle3"].env == timed and ms["eagle3-static"].env == timed
@@ -233,6 +234,11 @@ def test_the_table_says_what_each_method_ran():
     assert sb.method_config(ms["nanospec"], log, report) == "controller: k=0 25%, k=1 75%"
     moved = "Adaptive spec params updated: steps 3 -> 1 (ema)\nAdaptive spec params updated: steps 1 -> 3\n"
     assert sb.method_config(ms["eagle3-adaptive"], moved, None) == "SGLang adaptive (steps [1, 3])"
+
+
+def test_a_repeat_of_plain_decoding_needs_no_draft():
+    a = sb.parse_args(["--target", "m", "--methods", "ar,ar-repeat"])
+    assert a.methods == ["ar", "ar-repeat"] and a.draft is None
 
 
 def test_bad_command_lines_are_rejected(capsys):

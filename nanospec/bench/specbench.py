@@ -46,8 +46,11 @@ from nanospec import draft_format as fmt
 from nanospec.bench.server import Server
 from nanospec.data import load_questions, packaged_questions
 
-ALL_METHODS = ("ar", "eagle3", "eagle3-adaptive", "eagle3-static", "nanospec", "nanospec-fixed",
+ALL_METHODS = ("ar", "ar-repeat", "eagle3", "eagle3-adaptive", "eagle3-static", "nanospec", "nanospec-fixed",
                "nanospec-static", "nanospec-context", "nanospec-extension", "nanospec-indexed")
+# "ar-repeat": a second plain-decoding server, measured like the others: its ratio to "ar" is the
+# noise floor of the run (two identical servers on the same host), per category and overall.
+PLAIN_METHODS = ("ar", "ar-repeat")
 # Methods served with the static top-N draft: EAGLE3 over it (FR-Spec) and NANOSPEC over it (the dynamic
 # vocabulary intersected with the static head's rows).
 STATIC_METHODS = ("eagle3-static", "nanospec-static")
@@ -147,7 +150,7 @@ def method_result(method: Method, log_dir: Path, started: float, records: list[d
     """One method's run: its records plus what its server log says (draft step, controller report)."""
     text = log_path(log_dir, method).read_text(errors="replace")
     # AR has no draft step; a speculative server that never reached 10 draft calls logged no timing.
-    draft_ms = draft_ms_from_log(text) if method.name != "ar" else None
+    draft_ms = draft_ms_from_log(text) if method.name not in PLAIN_METHODS else None
     steps = steps_report_from_log(text)
     return {"method": method.name, "startup_s": started, "draft_ms": draft_ms, "records": records,
             "config": method_config(method, text, steps), "steps_report": steps}
@@ -408,7 +411,7 @@ def make_methods(names: list[str], draft: Path | None, static: Path | None,
                  spec_args: list[str]) -> list[Method]:
     methods = []
     for name in names:
-        if name == "ar":
+        if name in PLAIN_METHODS:
             methods.append(Method(name))
             continue
         path = static if name in STATIC_METHODS else draft
@@ -423,7 +426,8 @@ def make_methods(names: list[str], draft: Path | None, static: Path | None,
 def check_drafts(a: argparse.Namespace, target: str | Path) -> None:
     """Stop before any server starts when a draft the methods need is missing, truncated or made for
     another target (vocabulary or hidden size; checked when ``target`` is a local directory)."""
-    needed = [("--draft", a.draft)] if any(m not in ("ar", *STATIC_METHODS) for m in a.methods) else []
+    drafted = any(m not in (*PLAIN_METHODS, *STATIC_METHODS) for m in a.methods)
+    needed = [("--draft", a.draft)] if drafted else []
     if set(STATIC_METHODS) & set(a.methods):
         needed.append(("--static-draft", a.static_draft) if a.static_draft else ("--draft", a.draft))
     for flag, path in needed:
@@ -494,8 +498,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return a
     if a.target is None:
         ap.error("give --target (and --draft), or --make-tiny DIR")
-    if any(m != "ar" for m in a.methods) and a.draft is None and not (
-            set(a.methods) <= {"ar", *STATIC_METHODS} and a.static_draft):
+    if any(m not in PLAIN_METHODS for m in a.methods) and a.draft is None and not (
+            set(a.methods) <= {*PLAIN_METHODS, *STATIC_METHODS} and a.static_draft):
         ap.error("speculative methods need --draft (a full-vocabulary EAGLE-3 draft directory)")
     return a
 
