@@ -259,15 +259,11 @@ class StepController:
         self.decisions += 1
         return k
 
-    def cold(self, k: int) -> bool:
-        """Whether the decode cycle under way, run with ``k`` steps, will skip the draft's catch-up pass
-        (a 0-step cycle with ``cold_plain``, unless it is the catch-up cycle before a drafting one)."""
-        return k == 0 and self.config.cold_plain and not self._catch_up
-
     def skip_catch_up(self, k: int) -> bool:
-        """Called once per decode cycle, at its draft-extend, with the cycle's step count: ``cold(k)``,
-        and the cycle is done (the next one is decided afresh)."""
-        skip = self.cold(k)
+        """Called once per decode cycle, at its draft-extend, with the cycle's step count: True when
+        the cycle skips the pass (a 0-step cycle with ``cold_plain``, unless it is the catch-up cycle
+        before a drafting one)."""
+        skip = k == 0 and self.config.cold_plain and not self._catch_up
         self.caught_up = k == 0 and self._catch_up
         self._catch_up = False
         self.draft_behind = skip

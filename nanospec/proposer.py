@@ -230,18 +230,13 @@ class Proposer:
     # -- after a verify ----------------------------------------------------------------------------
 
     def after_verify(self, *, reqs: torch.Tensor, draft_tokens: torch.Tensor, accept_index: torch.Tensor,
-                     accept_lens: torch.Tensor, predict: torch.Tensor, logits: torch.Tensor,
-                     cold: bool = False) -> VerifyStats:
+                     accept_lens: torch.Tensor, predict: torch.Tensor, logits: torch.Tensor) -> VerifyStats:
         """Append one verify's candidates to the streams of reqs [B] and report what was emitted.
 
         draft_tokens: [B * T] the verified trees (target ids, root first); accept_index: [B, S1] rows of
         ``logits`` on the accepted paths (-1 padded); accept_lens: [B] accepted drafts + bonus;
         predict: [B * T] verified tokens, accepted path first in each request's block; logits:
         [B * T, >= V_target] the target's verify logits. Device ops on shapes fixed by the tree.
-        cold: a plain cycle that no drafting cycle follows (the step controller's): only the emitted
-        tokens are appended (the "context" source), not the target's top-K_ver, a top-k over the whole
-        vocabulary per request that only a drafting cycle would read; it keeps such a cycle's cost near
-        plain decoding's.
         """
         batch, width = accept_index.shape
         emitted, ok = streams.emitted_tokens(predict, accept_lens, batch, width)
@@ -251,7 +246,7 @@ class Proposer:
         cands, valid = streams.verify_candidates(
             draft_tokens=draft_tokens, accept_index=accept_index, logits=logits,
             vocab=min(self.target_vocab, logits.shape[1]), k_ver=self.cfg.k_ver, emitted=emitted,
-            emitted_valid=ok, sources="context" if cold else self.cfg.sources)
+            emitted_valid=ok, sources=self.cfg.sources)
         cands, valid = streams.to_draft_space(cands, valid, self.t2d)
         self.dv.extend(reqs, cands, valid)
         self._probe_union(reqs)

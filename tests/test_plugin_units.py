@@ -408,21 +408,6 @@ def test_verify_step_records_hits_extends_and_release_reports():
     assert float(rt.stats.dev[3].abs().sum()) == 0.0
 
 
-def test_cold_plain_verify_appends_the_emitted_token_but_not_the_targets_top_k():
-    rt = _runtime(w_max=32, k_ver=2)
-    rt.stash_prefill_topk(torch.tensor([[20, 22], [21, 23]]))
-    rt.start_batch(SimpleNamespace(reqs=[_req("a", [1, 2], 3)], prefix_lens=[0], extend_lens=[2]))
-    logits = torch.zeros(1, 64)
-    logits[0, 40], logits[0, 41] = 2.0, 1.0
-    step = dict(reqs=torch.tensor([3]), draft_tokens=torch.tensor([2]), accept_index=torch.tensor([[0]]),
-                accept_lens=torch.tensor([1]), logits=logits)
-    rt.after_verify(predict=torch.tensor([30]), cold=True, **step)  # a 0-step cycle, no catch-up pass
-    active = set(rt.proposer.dv.active(3).tolist())
-    assert 30 in active and not {40, 41} & active
-    rt.after_verify(predict=torch.tensor([31]), **step)  # the catch-up cycle before a drafting one
-    assert {40, 41} <= set(rt.proposer.dv.active(3).tolist())  # (31 comes as the next tree's root)
-
-
 def test_every_shipped_launch_config_loads():
     from pathlib import Path
 

@@ -104,15 +104,13 @@ class Runtime:
     # -- decode -------------------------------------------------------------------------------
 
     def after_verify(self, *, reqs: torch.Tensor, draft_tokens: torch.Tensor, accept_index: torch.Tensor,
-                     accept_lens: torch.Tensor, predict: torch.Tensor, logits: torch.Tensor,
-                     cold: bool = False) -> None:
+                     accept_lens: torch.Tensor, predict: torch.Tensor, logits: torch.Tensor) -> None:
         """Telemetry for the tokens just emitted, then append this step's candidates
-        (``Proposer.after_verify``; ``cold``: its plain cycle without a catch-up pass). Device ops
-        only, shapes fixed by the draft tree."""
+        (``Proposer.after_verify``). Device ops only, shapes fixed by the draft tree."""
         if accept_index.shape[0] == 0:
             return
         seen = self.proposer.after_verify(reqs=reqs, draft_tokens=draft_tokens, accept_index=accept_index,
-                                          accept_lens=accept_lens, predict=predict, logits=logits, cold=cold)
+                                          accept_lens=accept_lens, predict=predict, logits=logits)
         self.stats.record(reqs, seen.active, seen.emitted, seen.hits)
 
     def warm_up(self, tree_tokens: int, width: int) -> None:

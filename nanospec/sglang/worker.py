@@ -268,7 +268,6 @@ class NanoSpecWorker(EAGLEWorkerV2):
                 accept_lens=result.accept_lens,
                 predict=result.next_token_ids,
                 logits=result.logits_output.next_token_logits,
-                cold=timed and self.steps.cold(self.speculative_num_steps),
             )
         if timed:
             self.watch.interval(("verify", int(batch.seq_lens.shape[0]), self.speculative_num_steps),
