@@ -76,11 +76,33 @@ def verify_candidates(
     batch, width = accept_index.shape
     tree = draft_tokens.view(batch, -1).long()
     rows = accept_index.clamp_min(0).reshape(-1).long()
-    top = logits[rows, :vocab].topk(k_ver, dim=-1).indices.view(batch, width * k_ver)
+    top = top_ids(logits, rows, vocab, k_ver).view(batch, width * k_ver)
     top_valid = (accept_index >= 0).repeat_interleave(k_ver, dim=1)
     cands = torch.cat([tree, top], dim=1)
     valid = torch.cat([tree >= 0, top_valid], dim=1)
     return cands, valid
+
+
+def top_ids(logits: torch.Tensor, rows: torch.Tensor | None, vocab: int, k: int) -> torch.Tensor:
+    """Ids [n, k] int64 of the k largest of ``logits[rows[i], :vocab]`` for each i, largest first.
+
+    logits: [N, >= vocab]; rows: [n] int64 row numbers, or None for all N rows. On the CPU NanoSpec's C
+    kernel runs it where it is built (nanospec/cpu/topk.py: equal values go by lower id, a NaN counts as
+    -inf); elsewhere ``top_ids_twin``, the kernel's oracle, which agrees wherever the values differ."""
+    if logits.device.type == "cpu":
+        try:
+            from nanospec.cpu import topk
+        except ImportError:
+            topk = None
+        if topk is not None and topk.usable(logits, k):
+            return topk.top_ids(logits, rows, vocab, k)
+    return top_ids_twin(logits, rows, vocab, k)
+
+
+def top_ids_twin(logits: torch.Tensor, rows: torch.Tensor | None, vocab: int, k: int) -> torch.Tensor:
+    """``top_ids`` through ``torch.topk``."""
+    picked = logits[:, :vocab] if rows is None else logits[rows.reshape(-1).long(), :vocab]
+    return picked.topk(k, dim=-1).indices
 
 
 def to_draft_space(tokens: torch.Tensor, valid: torch.Tensor,

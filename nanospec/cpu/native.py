@@ -1,6 +1,6 @@
 """NanoSpec's C kernels for CPUs (gemv.c: few-row linear layers; attention.c: decode and verify attention;
-stream.c: the streams' decode-step update; spec.c: greedy tree verification),
-compiled into one library on first use and loaded with ctypes.
+stream.c: the streams' decode-step update; spec.c: greedy tree verification; topk.c: the k largest
+logits of a row), compiled into one library on first use and loaded with ctypes.
 
 The sources are compiled with the system compiler (``$CC``, else ``cc``) the first time a process needs
 them, into ``$NANOSPEC_KERNEL_CACHE`` (default ``~/.cache/nanospec/kernels``), keyed by the sources, the
@@ -28,7 +28,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "gemv.c", HERE / "attention.c", HERE / "stream.c", HERE / "spec.c")
+SOURCES = (HERE / "gemv.c", HERE / "attention.c", HERE / "stream.c", HERE / "spec.c", HERE / "topk.c")
 HEADERS = (HERE / "simd.h",)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 AVX512_FLAGS = ("-mavx512f",)
@@ -43,6 +43,7 @@ SIGNATURES = {
                            ctypes.c_int),
     "nanospec_stream_extend": ([_p] * 12 + [_l] * 5, ctypes.c_int),
     "nanospec_verify_greedy": ([_p] * 8 + [_l] * 4, ctypes.c_int),
+    "nanospec_topk": ([_p, _l, _l, _p, _l, _l, _l, _p], ctypes.c_int),
 }
 
 

@@ -26,7 +26,7 @@ def prefill_topk(hidden: torch.Tensor, lm_head_fn, vocab: int, k: int) -> torch.
     step = prefill_chunk_rows(vocab)
     for s in range(0, hidden.shape[0], step):
         logits = lm_head_fn(hidden[s : s + step])
-        out[s : s + step] = logits[:, :vocab].topk(k, dim=-1).indices
+        out[s : s + step] = streams.top_ids(logits, None, vocab, k)
         del logits  # the next chunk's logits take its place, not its side
     return out
 
