@@ -4,7 +4,7 @@ One object per server (vLLM v1's ``EagleProposer`` is the model: persistent buff
 interface) with four calls over request slots:
 
 * ``start(slot, prompt_ids, prefill_topk)``: a request's stream, from its prompt and the target's
-  top-K_pre at every prompt position (the ``sources`` setting keeps part of it);
+  top-K_pre at its last ``pre_positions`` positions (the ``sources`` setting keeps part of it);
 * ``logits(hidden, reqs) -> DraftLogits``: draft logits over each request's dynamic vocabulary, by the
   per-batch head of ``nanospec.policy`` (packed per request, one head over the batch's union, or the
   full head), returned with their column -> token map;
@@ -162,9 +162,10 @@ class Proposer:
 
     def start(self, slot: int, prompt_ids: torch.Tensor, prefill_topk: torch.Tensor | None) -> None:
         """Start slot's stream: prompt_ids [L] int64 target ids, prefill_topk [L, K] int64 the target's
-        top-K_pre at every prompt position (or None), both on the weight's device."""
+        top-K_pre at every prompt position (or None; rows before the last ``pre_positions`` are not
+        read and may hold -1), both on the weight's device."""
         prompt, ptk = (prompt_ids, None) if prefill_topk is None else streams.start_args(
-            prompt_ids, prefill_topk, self.cfg.sources)
+            prompt_ids, prefill_topk, self.cfg.sources, self.cfg.pre_positions)
         # The stream lives in draft-row space: with a reduced draft vocabulary a target id the head
         # has no row for becomes -1, which the vocabulary skips (the draft can never propose it).
         self.dv.start(slot, streams.draft_rows(prompt, self.t2d),

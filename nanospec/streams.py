@@ -1,6 +1,6 @@
 """What enters each request's candidate stream: plain functions on tensors, no SGLang types.
 
-Prefill: the prompt tokens, then the target's top-K_pre at every prompt position (``start``).
+Prefill: the prompt tokens, then the target's top-K_pre at the prompt's last positions (``start``).
 Decode: after each verify, the draft tree's tokens, then the target's top-K_ver at every position of
 the accepted branch (``extend``). The ``sources`` setting keeps only part of this (the ablation):
 "context" keeps prompt and emitted tokens, "extension" keeps top-k candidates and draft tokens.
@@ -25,13 +25,25 @@ def fill_missing_rows(topk: torch.Tensor, first: int) -> torch.Tensor:
     return torch.cat([filler, topk], dim=0)
 
 
-def start_args(ids: torch.Tensor, topk: torch.Tensor,
-               sources: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+def last_positions(topk: torch.Tensor, n: int) -> torch.Tensor:
+    """topk [L, K] with every row but the last n set to -1 (no entry): only the prompt's last n
+    positions give their top-K_pre (``NanoSpecConfig.pre_positions``)."""
+    if topk.shape[0] <= n:
+        return topk
+    out = topk.clone()
+    out[: topk.shape[0] - n] = -1
+    return out
+
+
+def start_args(ids: torch.Tensor, topk: torch.Tensor, sources: str,
+               positions: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(prompt_ids [L], prefill_topk [L, K] or None) for ``DynamicVocab.start``.
 
-    ids: [L] prompt tokens; topk: [L, K] target top-k per position.
-    "extension" has no prompt tokens of its own: the top-1 of each position stands in for them.
+    ids: [L] prompt tokens; topk: [L, K] target top-k per position, of which the last ``positions``
+    rows count (``last_positions``). "extension" has no prompt tokens of its own: the top-1 of each
+    position stands in for them.
     """
+    topk = last_positions(topk, positions)
     if sources == "full":
         return ids, topk
     if sources == "context":

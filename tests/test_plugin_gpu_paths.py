@@ -121,6 +121,25 @@ def test_prefill_hook_ignores_the_padding_rows_of_a_prefill_graph():
         assert rt.proposer.dv.active(req.kv.req_pool_idx).tolist() == sorted(set(stream))
 
 
+def test_prefill_hook_runs_the_target_head_only_at_each_prompts_last_positions():
+    rt = _runtime(w_max=32, k_pre=2, pre_positions=2)
+    proc = TargetLogitsProcessor(torch.randn(VOCAB, DIM))
+    rows_seen = []
+    head = proc._compute_lm_head
+    proc._compute_lm_head = lambda h, lm_head: rows_seen.append(h.shape[0]) or head(h, lm_head)
+    hooks.install_prefill_topk(proc, rt)
+    lens = [5, 1]
+    hidden = torch.randn(6, DIM)
+    proc.forward(torch.zeros(6, dtype=torch.long), hidden, None, _padded_prefill_batch(lens))
+    assert sum(rows_seen) == 3  # positions 3 and 4 of the first prompt, 0 of the second
+    reqs = [_req("a", [1, 2, 3, 4, 5], 1), _req("b", [6], 2)]
+    rt.start_batch(SimpleNamespace(reqs=reqs, prefix_lens=[0, 0], extend_lens=lens))
+    top = (hidden @ proc.weight.T).topk(2, dim=-1).indices
+    for req, rows in zip(reqs, (top[3:5], top[5:]), strict=True):
+        stream = list(req.full_untruncated_fill_ids) + rows.reshape(-1).tolist()
+        assert rt.proposer.dv.active(req.kv.req_pool_idx).tolist() == sorted(set(stream))
+
+
 def test_prompt_rows_without_lengths_keep_every_row():
     assert hooks.prompt_rows(SimpleNamespace(), 7) == 7
     assert hooks.prompt_rows(SimpleNamespace(extend_num_tokens=None, extend_seq_lens_cpu=[2, 3]), 9) == 5

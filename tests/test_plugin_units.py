@@ -14,7 +14,7 @@ import torch
 
 from nanospec import NanoSpecConfig, policy, streams
 from nanospec.proposer import Proposer, union_columns
-from nanospec.sglang.runtime import Runtime, prefill_topk
+from nanospec.sglang.runtime import Runtime, prefill_topk, tail_rows
 from nanospec.sglang.settings import Settings, check_against_model, load_settings
 
 
@@ -106,12 +106,14 @@ def test_settings_come_from_yaml_then_environment(tmp_path):
     f.write_text("nanospec:\n  w_max: 64\n  sources: context\n  head: packed\n")
     s = load_settings({"NANOSPEC_CONFIG": str(f), "NANOSPEC_W_MAX": "32", "NANOSPEC_GATHER": "Indexed"})
     assert (s.vocab.w_max, s.vocab.sources, s.vocab.gather, s.head) == (32, "context", "indexed", "packed")
+    assert load_settings({"NANOSPEC_PRE_POSITIONS": "0"}).vocab.pre_positions == 0
 
 
 @pytest.mark.parametrize("env, words", [
     ({"NANOSPEC_W_MAX": "0"}, "w_max"),
     ({"NANOSPEC_K_VER": "-2"}, "k_ver"),
     ({"NANOSPEC_K_PRE": "three"}, "k_pre"),
+    ({"NANOSPEC_PRE_POSITIONS": "-1"}, "pre_positions"),
     ({"NANOSPEC_SOURCES": "prompt"}, "sources"),
     ({"NANOSPEC_GATHER": "sync"}, "gather"),
     ({"NANOSPEC_HEAD": "tiny"}, "head"),
@@ -222,10 +224,37 @@ def test_missing_prefix_rows_leave_the_stream_as_prompt_plus_computed_candidates
 @pytest.mark.parametrize("sources", ["full", "context", "extension"])
 def test_start_args_keep_the_chosen_sources(sources):
     ids, topk = torch.tensor([1, 2, 3]), torch.tensor([[4, 5], [6, 7], [8, 9]])
-    prompt, tk = streams.start_args(ids, topk, sources)
+    prompt, tk = streams.start_args(ids, topk, sources, 3)
     tokens = set(prompt.tolist()) | (set() if tk is None else set(tk.reshape(-1).tolist()))
     want = {"full": set(range(1, 10)), "context": {1, 2, 3}, "extension": set(range(4, 10))}[sources]
     assert tokens == want
+
+
+def test_start_args_take_top_k_from_the_last_positions_only():
+    ids, topk = torch.tensor([1, 2, 3]), torch.tensor([[4, 5], [6, 7], [8, 9]])
+    assert streams.start_args(ids, topk, "full", 1)[1].tolist() == [[-1, -1], [-1, -1], [8, 9]]
+    assert (streams.start_args(ids, topk, "full", 0)[1] == -1).all()
+    assert streams.start_args(ids, topk, "full", 5)[1] is topk
+    prop = Proposer(torch.randn(16, 4), 1, NanoSpecConfig(w_max=16, pre_positions=1))
+    prop.start(0, ids, topk)
+    assert prop.dv.active(0).tolist() == [1, 2, 3, 8, 9]
+
+
+def test_tail_rows_are_the_last_positions_of_each_extend():
+    assert tail_rows([5, 2, 7], 14, 3).tolist() == [2, 3, 4, 5, 6, 11, 12, 13]
+    assert tail_rows([5, 2], 7, 0).tolist() == []
+    assert tail_rows([2, 3], 5, 3) is None  # every extend short enough: all rows, no gather
+    assert tail_rows([5, 2], 9, 3) is None  # lengths that do not match the rows: all rows
+    assert tail_rows(None, 9, 3) is None
+
+
+def test_prefill_topk_runs_the_head_on_the_chosen_rows_only():
+    w, h = torch.randn(40, 8), torch.randn(7, 8)
+    seen = []
+    got = prefill_topk(h, lambda x: seen.append(x.shape[0]) or x @ w.T, 40, 3, torch.tensor([1, 5, 6]))
+    assert seen == [3]
+    full = (h @ w.T).topk(3, dim=-1).indices
+    assert torch.equal(got[[1, 5, 6]], full[[1, 5, 6]]) and (got[[0, 2, 3, 4]] == -1).all()
 
 
 def test_verify_candidates_are_tree_tokens_then_topk_of_the_accepted_path():
@@ -383,6 +412,25 @@ def test_chunked_prefill_builds_the_same_stream_as_one_chunk():
     assert one.proposer.dv.active(1).tolist() == two.proposer.dv.active(2).tolist()
     assert one.proposer.dv.active(1).tolist() == window_vocab(reference_stream(ids, topk.tolist()), 9)
     assert two.starts == 1  # a continued chunk is the same request
+
+
+def test_chunked_prefill_keeps_the_last_positions_top_k_across_chunks():
+    # pre_positions 3 over a 6-token prompt in chunks of 4 and 2: the prefill hook computes each
+    # chunk's last 3 rows (-1 elsewhere); the prompt's last 3 take one row from the first chunk.
+    ids = [3, 4, 5, 6, 7, 8]
+    topk = torch.tensor([[10, 11], [12, 10], [13, 14], [15, 11], [16, 17], [18, 19]])
+    hooked = topk.clone()
+    hooked[0] = -1
+    one, two = _runtime(w_max=9, pre_positions=3), _runtime(w_max=9, pre_positions=3)
+    one.stash_prefill_topk(topk)
+    one.start_batch(SimpleNamespace(reqs=[_req("a", ids, 1)], prefix_lens=[0], extend_lens=[6]))
+    req = _req("a", ids, 2)
+    two.stash_prefill_topk(hooked[:4])
+    two.start_batch(SimpleNamespace(reqs=[req], prefix_lens=[0], extend_lens=[4], chunked_req=req))
+    two.stash_prefill_topk(hooked[4:])
+    two.start_batch(SimpleNamespace(reqs=[req], prefix_lens=[4], extend_lens=[2], chunked_req=None))
+    want = window_vocab(reference_stream(ids, topk[3:].tolist()), 9)
+    assert one.proposer.dv.active(1).tolist() == want == two.proposer.dv.active(2).tolist()
 
 
 def test_prefill_without_target_topk_is_an_error():

@@ -5,9 +5,10 @@ Reproduces the analysis of the seed paper's Figure 1(b) on a real target: greedy
 were present, at the moment they were generated, in
 
 (a) NanoSpec's dynamic vocabulary (``nanospec.DynamicVocab``, PyTorch backend): ``start`` with the
-    prompt and the target's top-K_pre at every prompt position, then after every generated token
-    ``extend`` with that token and the top-K_ver of the target logits it was chosen from. There is no
-    draft model here, so no draft-tree tokens enter the stream (a real run adds them as well); and
+    prompt and the target's top-K_pre at its last ``pre_positions`` positions, then after every
+    generated token ``extend`` with that token and the top-K_ver of the target logits it was chosen
+    from. There is no draft model here, so no draft-tree tokens enter the stream (a real run adds them
+    as well); and
 (b) a static vocabulary: the K most frequent tokens of a corpus (ShareGPT assistant turns, ``--corpus``).
 
 The first generated token is not counted: the target's prefill produces it (speculative decoding only
@@ -32,6 +33,7 @@ import torch
 
 from nanospec import DynamicVocab, NanoSpecConfig
 from nanospec.data import load_questions, packaged_questions
+from nanospec.streams import last_positions
 
 STATIC_KS = (500, 1000, 2000, 4000, 8000, 16000, 32000)
 NOTE = ("No draft tree: NanoSpec's stream gets the prompt, the prefill top-K_pre, and per generated token "
@@ -116,9 +118,11 @@ def greedy_trace(model, prompt: torch.Tensor, max_new_tokens: int, eos_ids: set[
     return Trace(prompt, prompt_topk, torch.tensor(tokens, dtype=torch.long), torch.stack(step_topk))
 
 
-def narrow(trace: Trace, k_pre: int, k_ver: int) -> Trace:
-    """The same trace with only the first k_pre / k_ver candidates (top-k is sorted, so a prefix)."""
-    return Trace(trace.prompt, trace.prompt_topk[:, :k_pre], trace.tokens, trace.step_topk[:, :k_ver])
+def narrow(trace: Trace, config: NanoSpecConfig) -> Trace:
+    """The same trace as ``config``'s stream sees it: the first k_pre / k_ver candidates (top-k is
+    sorted, so a prefix), top-K_pre from the last ``pre_positions`` prompt positions only."""
+    return Trace(trace.prompt, last_positions(trace.prompt_topk[:, :config.k_pre], config.pre_positions),
+                 trace.tokens, trace.step_topk[:, :config.k_ver])
 
 
 def dynamic_coverage(trace: Trace, vocab: DynamicVocab) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,7 +164,8 @@ def analyse(model, tokenizer, questions: list[dict], config: NanoSpecConfig, max
     sweep: extra candidate counts k; each trace is also replayed with k_pre = k_ver = k (same w_max).
     """
     head = model.get_output_embeddings().weight.detach().float().contiguous()
-    configs = [config] + [NanoSpecConfig(k_pre=k, k_ver=k, w_max=config.w_max) for k in sweep]
+    configs = [config] + [NanoSpecConfig(k_pre=k, k_ver=k, w_max=config.w_max,
+                                         pre_positions=config.pre_positions) for k in sweep]
     vocabs = [DynamicVocab(head, 1, c, backend="torch") for c in configs]
     k_max = max(max(c.k_pre, c.k_ver) for c in configs)
     eos = model.generation_config.eos_token_id
@@ -182,7 +187,7 @@ def analyse(model, tokenizer, questions: list[dict], config: NanoSpecConfig, max
                                                   **{f"{key}{j}": [] for j in range(len(configs))
                                                      for key in ("hits", "sizes")}})
             for j, (c, vocab) in enumerate(zip(configs, vocabs, strict=True)):
-                h, z = dynamic_coverage(narrow(trace, c.k_pre, c.k_ver), vocab)
+                h, z = dynamic_coverage(narrow(trace, c), vocab)
                 g[f"hits{j}"] += h.tolist()
                 g[f"sizes{j}"] += z.tolist()
                 if j == 0:
@@ -292,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k-pre", type=int, default=NanoSpecConfig.k_pre)
     p.add_argument("--k-ver", type=int, default=NanoSpecConfig.k_ver)
     p.add_argument("--w-max", type=int, default=NanoSpecConfig.w_max)
+    p.add_argument("--pre-positions", type=int, default=NanoSpecConfig.pre_positions,
+                   help="the last prompt positions whose top-K_pre enter the stream")
     p.add_argument("--sweep-k", default="",
                    help="extra k values replayed with k_pre = k_ver = k, e.g. 1,8,32")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -310,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         sweep = tuple(int(k) for k in args.sweep_k.split(",") if k.strip())
     except ValueError:
         p.error(f"--sweep-k must be comma-separated integers, got {args.sweep_k!r}")
-    config = NanoSpecConfig(k_pre=args.k_pre, k_ver=args.k_ver, w_max=args.w_max)
+    config = NanoSpecConfig(k_pre=args.k_pre, k_ver=args.k_ver, w_max=args.w_max,
+                            pre_positions=args.pre_positions)
     for k in sweep:
         NanoSpecConfig(k_pre=k, k_ver=k, w_max=args.w_max)  # validates k
     if args.questions is None:

@@ -17,7 +17,7 @@ import torch
 from nanospec.proposer import DraftLogits
 from nanospec.sglang import seam
 from nanospec.sglang.memory import extend_kind
-from nanospec.sglang.runtime import Runtime, prefill_topk
+from nanospec.sglang.runtime import Runtime, prefill_topk, tail_rows
 
 META_KEY = "nanospec"
 LOGITS_FORWARD = "sglang.srt.layers.logits_processor.LogitsProcessor.forward"
@@ -27,19 +27,23 @@ METRICS_LOGGER = "sglang.srt.managers.scheduler_components.metrics_reporter"
 
 
 def install_prefill_topk(proc, runtime: Runtime) -> None:
-    """Make the target's logits processor stash the top-K_pre of every prompt position of a prefill
-    (it keeps only last-position logits itself). proc: the target model's LogitsProcessor."""
+    """Make the target's logits processor stash the top-K_pre of a prefill's prompt positions, the
+    last ``pre_positions`` of each request's extend (it keeps only last-position logits itself; the
+    others get -1). proc: the target model's LogitsProcessor."""
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
     original = proc.forward
-    k = runtime.cfg.k_pre
+    k, keep = runtime.cfg.k_pre, runtime.cfg.pre_positions
 
     def forward(input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs):
         fb = logits_metadata
         if isinstance(fb, ForwardBatch) and fb.forward_mode == ForwardMode.EXTEND:
             real = hidden_states[: prompt_rows(fb, hidden_states.shape[0])]
+            lens = getattr(fb, "extend_seq_lens_cpu", None)
+            rows = tail_rows(None if lens is None else [int(x) for x in lens], real.shape[0], keep)
             runtime.stash_prefill_topk(prefill_topk(
-                real, lambda h: proc._compute_lm_head(h, lm_head), proc.vocab_size, k))
+                real, lambda h: proc._compute_lm_head(h, lm_head), proc.vocab_size, k,
+                None if rows is None else rows.to(real.device, non_blocking=True)))
         return original(input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs)
 
     seam.patch(proc, "forward", forward, LOGITS_FORWARD)

@@ -18,17 +18,36 @@ from nanospec.sglang.settings import Settings
 from nanospec.sglang.telemetry import SlotStats
 
 
-def prefill_topk(hidden: torch.Tensor, lm_head_fn, vocab: int, k: int) -> torch.Tensor:
-    """Top-k ids [T, k] of the target at every position of hidden [T, d], chunk by chunk so that at
-    most ``memory.prefill_chunk_rows(vocab)`` rows of logits exist at once (the bound NanoSpec
-    reserves). lm_head_fn: hidden [t, d] -> logits [t, >= vocab]."""
-    out = torch.empty(hidden.shape[0], k, dtype=torch.long, device=hidden.device)
+def prefill_topk(hidden: torch.Tensor, lm_head_fn, vocab: int, k: int,
+                 rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Top-k ids [T, k] of the target at the positions ``rows`` ([m] int64, None: all) of hidden
+    [T, d], -1 at the others, chunk by chunk so that at most ``memory.prefill_chunk_rows(vocab)``
+    rows of logits exist at once (the bound NanoSpec reserves). lm_head_fn: hidden [t, d] -> logits
+    [t, >= vocab]."""
+    picked = hidden if rows is None else hidden[rows]
+    top = torch.empty(picked.shape[0], k, dtype=torch.long, device=hidden.device)
     step = prefill_chunk_rows(vocab)
-    for s in range(0, hidden.shape[0], step):
-        logits = lm_head_fn(hidden[s : s + step])
-        out[s : s + step] = streams.top_ids(logits, None, vocab, k)
+    for s in range(0, picked.shape[0], step):
+        logits = lm_head_fn(picked[s : s + step])
+        top[s : s + step] = streams.top_ids(logits, None, vocab, k)
         del logits  # the next chunk's logits take its place, not its side
+    if rows is None:
+        return top
+    out = torch.full((hidden.shape[0], k), -1, dtype=torch.long, device=hidden.device)
+    out[rows] = top
     return out
+
+
+def tail_rows(extend_lens: list[int] | None, rows: int, n: int) -> torch.Tensor | None:
+    """Rows [m] int64 of a prefill's [rows, d] hidden states that are among the last n of their
+    request's extend (the batch's requests lie one after another, ``extend_lens`` long); None: all rows
+    (each extend is at most n long, or the lengths do not add up to ``rows``). Each chunk of a chunked
+    prompt keeps its last n, so the prompt's last n positions are always among them."""
+    if extend_lens is None or sum(extend_lens) != rows or max(extend_lens, default=0) <= n:
+        return None
+    ends = np.cumsum(extend_lens)
+    return torch.from_numpy(np.concatenate(
+        [np.arange(end - min(e, n), end) for e, end in zip(extend_lens, ends, strict=True)]).astype(np.int64))
 
 
 def token_tensor(ids, n: int) -> torch.Tensor:

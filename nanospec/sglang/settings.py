@@ -4,7 +4,8 @@ SGLang's command line belongs to SGLang, so the plugin reads its own settings fr
 (inherited by every process SGLang spawns) and, optionally, from a YAML file named by
 ``NANOSPEC_CONFIG``. Environment variables win over the file; the file wins over the defaults.
 
-    NANOSPEC_K_PRE    top-k of the target at every prompt position     (default 3)
+    NANOSPEC_K_PRE    top-k of the target at each prompt position      (default 3)
+    NANOSPEC_PRE_POSITIONS  the last prompt positions that give it      (default 64; 0: none)
     NANOSPEC_K_VER    top-k of the verify logits on the accepted path  (default 3)
     NANOSPEC_W_MAX    window length = packed head width                (default 3072)
     NANOSPEC_SOURCES  full | context | extension                       (default full)
@@ -25,8 +26,8 @@ from nanospec.config import NanoSpecConfig
 
 HEADS = ("auto", "packed", "union", "full")
 STEPS = ("auto", "fixed")
-KEYS = ("k_pre", "k_ver", "w_max", "sources", "gather", "head", "steps")
-INT_KEYS = ("k_pre", "k_ver", "w_max")
+KEYS = ("k_pre", "k_ver", "pre_positions", "w_max", "sources", "gather", "head", "steps")
+INT_KEYS = ("k_pre", "k_ver", "pre_positions", "w_max")
 ENV_PREFIX = "NANOSPEC_"
 
 
@@ -46,8 +47,8 @@ class Settings:
 
     def describe(self) -> str:
         v = self.vocab
-        return (f"k_pre={v.k_pre} k_ver={v.k_ver} w_max={v.w_max} sources={v.sources} "
-                f"gather={v.gather} head={self.head} steps={self.steps}")
+        return (f"k_pre={v.k_pre} k_ver={v.k_ver} pre_positions={v.pre_positions} w_max={v.w_max} "
+                f"sources={v.sources} gather={v.gather} head={self.head} steps={self.steps}")
 
 
 def _read_file(path: str) -> dict:
