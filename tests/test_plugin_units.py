@@ -398,19 +398,26 @@ def _runtime(**cfg):
     return Runtime(torch.randn(64, 8), 4, Settings(vocab=NanoSpecConfig(**cfg)), target_vocab=64)
 
 
+def _whole_and_chunked(ids: list[int], whole: torch.Tensor, chunks: torch.Tensor, **cfg):
+    """Streams of one prompt prefilled at once (top-k rows ``whole``) and in chunks of 4 and 2 (rows
+    ``chunks``, as the prefill hook stashes them): (whole's active tokens, the chunked runtime)."""
+    one, two = _runtime(**cfg), _runtime(**cfg)
+    one.stash_prefill_topk(whole)
+    one.start_batch(SimpleNamespace(reqs=[_req("a", ids, 1)], prefix_lens=[0], extend_lens=[6]))
+    req = _req("a", ids, 2)
+    two.stash_prefill_topk(chunks[:4])
+    two.start_batch(SimpleNamespace(reqs=[req], prefix_lens=[0], extend_lens=[4], chunked_req=req))
+    two.stash_prefill_topk(chunks[4:])
+    two.start_batch(SimpleNamespace(reqs=[req], prefix_lens=[4], extend_lens=[2], chunked_req=None))
+    return one.proposer.dv.active(1).tolist(), two
+
+
 def test_chunked_prefill_builds_the_same_stream_as_one_chunk():
     ids = [3, 4, 5, 6, 7, 8]
     topk = torch.tensor([[10, 11], [12, 10], [13, 14], [15, 11], [16, 17], [18, 19]])
-    one, two = _runtime(w_max=9), _runtime(w_max=9)
-    one.stash_prefill_topk(topk)
-    one.start_batch(SimpleNamespace(reqs=[_req("a", ids, 1)], prefix_lens=[0], extend_lens=[6]))
-    req = _req("a", ids, 2)
-    two.stash_prefill_topk(topk[:4])
-    two.start_batch(SimpleNamespace(reqs=[req], prefix_lens=[0], extend_lens=[4], chunked_req=req))
-    two.stash_prefill_topk(topk[4:])
-    two.start_batch(SimpleNamespace(reqs=[req], prefix_lens=[4], extend_lens=[2], chunked_req=None))
-    assert one.proposer.dv.active(1).tolist() == two.proposer.dv.active(2).tolist()
-    assert one.proposer.dv.active(1).tolist() == window_vocab(reference_stream(ids, topk.tolist()), 9)
+    whole, two = _whole_and_chunked(ids, topk, topk, w_max=9)
+    assert whole == two.proposer.dv.active(2).tolist()
+    assert whole == window_vocab(reference_stream(ids, topk.tolist()), 9)
     assert two.starts == 1  # a continued chunk is the same request
 
 
@@ -421,16 +428,9 @@ def test_chunked_prefill_keeps_the_last_positions_top_k_across_chunks():
     topk = torch.tensor([[10, 11], [12, 10], [13, 14], [15, 11], [16, 17], [18, 19]])
     hooked = topk.clone()
     hooked[0] = -1
-    one, two = _runtime(w_max=9, pre_positions=3), _runtime(w_max=9, pre_positions=3)
-    one.stash_prefill_topk(topk)
-    one.start_batch(SimpleNamespace(reqs=[_req("a", ids, 1)], prefix_lens=[0], extend_lens=[6]))
-    req = _req("a", ids, 2)
-    two.stash_prefill_topk(hooked[:4])
-    two.start_batch(SimpleNamespace(reqs=[req], prefix_lens=[0], extend_lens=[4], chunked_req=req))
-    two.stash_prefill_topk(hooked[4:])
-    two.start_batch(SimpleNamespace(reqs=[req], prefix_lens=[4], extend_lens=[2], chunked_req=None))
-    want = window_vocab(reference_stream(ids, topk[3:].tolist()), 9)
-    assert one.proposer.dv.active(1).tolist() == want == two.proposer.dv.active(2).tolist()
+    whole, two = _whole_and_chunked(ids, topk, hooked, w_max=9, pre_positions=3)
+    assert whole == two.proposer.dv.active(2).tolist()
+    assert whole == window_vocab(reference_stream(ids, topk[3:].tolist()), 9)
 
 
 def test_prefill_without_target_topk_is_an_error():
