@@ -30,7 +30,11 @@
 #ifdef __AVX512F__
 #define NB 4   /* 16 accumulators + 4 of w + 1 of x of the 32 vector registers; 4 x 6 measured no faster */
 #define RMAX 4
-#define NBW 2  /* wide tiles: 2 x 8 = 16 accumulators + 2 + 1 */
+/* Wide tiles: 3 x 8 = 24 accumulators + 3 of w + 1 of x. The 8 rows of x (at 4,096 floats 128 KB, read
+ * from L2) stream once per tile: once per 3 weight rows instead of 2. The packed head's 8 draft rows per
+ * request at Llama-3.1-8B dims (4 requests, one thread, Zen 4) went from 1.35-1.69x one row to
+ * 1.14-1.22x (python -m nanospec.bench.head --rows-only --threads 1, three runs each). */
+#define NBW 3
 #else
 #define NB 2   /* 8 accumulators + 2 + 1 of the 16 registers */
 #define RMAX 4

@@ -157,8 +157,8 @@ def rows_product(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
     PyTorch's float32 product of a few rows re-reads ``w`` per block of rows: 8 rows cost 3.4-6x one
     row on the project's CPUs. The kernel (nanospec/cpu/gemv.c) reads each row of ``w`` once for up to
-    8 rows of ``h`` held in registers: 8 rows cost 1.3-1.4x one row where reading the rows dominates
-    (Llama-3.1-8B dims), more where the arithmetic does (docs/results.md, head table)."""
+    8 rows of ``h`` held in registers: 8 rows cost 1.1-1.3x one row where reading the rows dominates
+    (Llama-3.1-8B dims, several requests), more where the arithmetic does (docs/results.md, head table)."""
     if (h.device.type == "cpu" and h.dtype == torch.float32 and w.dtype == torch.float32
             and 0 < h.shape[0] <= _kernel_rows() and w.shape[0]):
         from nanospec.cpu import gemv
