@@ -34,7 +34,10 @@ again (``get_steps_for_batch`` inserts it; ``caught_up`` tells the worker, which
 unpriced: it is what switching up costs, not what a 0-step cycle costs), so a draft never starts
 from a skipped pass's empty state. The draft's KV cache keeps no entry for the skipped tokens: its
 attention sees a gap there, which costs acceptance after a long stretch of plain decoding, never
-correctness (verification decides every token).
+correctness (verification decides every token). A prefill does the same (``cold_prefill``) once the
+bucket its requests will decode in has settled on plain decoding: it skips the target's top-K_pre and
+the draft's prefill pass, which serve only drafting, and leaves the draft behind like a skipped
+catch-up pass; a request's first token then costs what it costs without a draft.
 
 The class speaks SGLang's ``AdaptiveSpecPolicy`` protocol (``candidate_steps``, ``set_cuda_graph_bs``,
 ``get_steps_for_batch``, ``on_verify_complete``, ``cuda_graph_bs_for_step``) so SGLang's own
@@ -68,7 +71,8 @@ class ControllerConfig:
     a near-tie; probes are at least ``probe_every / 16`` cycles apart). margin: a new
     choice must beat the current one by this fraction (no flapping between near-equal choices).
     outlier: cap of one cycle time, in multiples of its expected time. cold_plain: 0-step cycles skip
-    the draft's catch-up pass (module docstring)."""
+    the draft's catch-up pass, and prefills into a bucket settled on 0 steps skip the target's top-K_pre
+    and the draft's prefill pass (module docstring)."""
 
     keep: float = 0.98
     cost_alpha: float = 0.2
@@ -227,6 +231,7 @@ class StepController:
         self.caught_up = False  # the last decode cycle was a catch-up cycle (its time is not priced)
         self.skipped = 0  # catch-up passes skipped, for reports
         self.catch_ups = 0  # catch-up cycles inserted before a drafting cycle
+        self.cold_prefills = 0  # prefills that skipped the drafting-only work
 
     # -- SGLang's AdaptiveSpecPolicy ---------------------------------------------------------
 
@@ -269,6 +274,20 @@ class StepController:
         self.draft_behind = skip
         self.skipped += skip
         return skip
+
+    def cold_prefill(self, batch_size: int) -> bool:
+        """Called before each prefill with the number of requests that decode once its requests join:
+        True when the prefill skips the target's top-K_pre and the draft's prefill pass, because that
+        bucket has timed every candidate and chose 0 steps (with ``cold_plain``). The draft is then
+        behind, so a cycle with the catch-up pass runs before any cycle drafts."""
+        b = self.buckets[self.route(batch_size)]
+        need = self.config.warmup_cycles + 1
+        cold = (self.config.cold_plain and b.choice == 0 and b.pending is None
+                and all(b.timed[k] >= need for k in b.candidates))
+        if cold:
+            self.draft_behind = True
+            self.cold_prefills += 1
+        return cold
 
     def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int) -> None:
         """Count per-depth acceptance of the oldest launched cycle; never asks for a switch itself
@@ -396,7 +415,8 @@ class StepController:
         """Per bucket: acceptance per depth, E(k), cycle/draft/verify ms, tokens per second, current
         choice; plus the controller's own mean decision time. JSON-ready."""
         out: dict = {"decide_us": 1e6 * self.decide_s / max(self.decisions, 1), "buckets": {},
-                     "skipped_catch_up": self.skipped, "catch_up_cycles": self.catch_ups}
+                     "skipped_catch_up": self.skipped, "catch_up_cycles": self.catch_ups,
+                "cold_prefills": self.cold_prefills}
         for bs, b in self.buckets.items():
             if not b.cycles:
                 continue

@@ -212,6 +212,29 @@ def test_plain_cycles_skip_the_drafts_catch_up_and_one_cycle_runs_it_before_draf
     assert ctl.report()["skipped_catch_up"] == skipped and ctl.report()["catch_up_cycles"] == len(ran)
 
 
+def test_prefills_skip_the_drafting_work_only_once_their_bucket_settled_on_plain_decoding():
+    ctl = StepController({1: [0, 1], 4: [0, 1]}, initial_steps=1, config=ControllerConfig(probe_every=0))
+    assert not ctl.cold_prefill(1)  # nothing timed yet: the draft's first cycles need its prefill
+    simulate(ctl, [0.01], lambda k: 1.0 + 0.5 * k, 40)  # bucket 1 settles on 0 steps
+    assert ctl.buckets[1].choice == 0 and not ctl.cold_prefill(4)  # bucket 4 has not been timed
+    drafting = StepController({1: [0, 1]}, initial_steps=1, config=ControllerConfig(probe_every=0))
+    simulate(drafting, [0.9], lambda k: 1.0 + 0.1 * k, 40)
+    assert drafting.buckets[1].choice == 1 and not drafting.cold_prefill(1)
+    behind = ctl.skip_catch_up(1)  # a drafting probe ran its catch-up pass: the draft is ready
+    assert not behind and not ctl.draft_behind
+    assert ctl.cold_prefill(1)
+    # A cold prefill leaves the draft's prefill state a stub: a catch-up cycle comes before any drafting.
+    assert ctl.draft_behind
+    ctl.buckets[1].choice, ctl.buckets[1].rel_cost[1] = 0, -1.0  # drafting now looks 2.7x cheaper
+    assert ctl.get_steps_for_batch(1) == 0 and not ctl.skip_catch_up(0) and ctl.caught_up
+    assert ctl.get_steps_for_batch(1) == 1
+    assert ctl.report()["cold_prefills"] == 1
+    off = StepController({1: [0, 1]}, initial_steps=1,
+                         config=ControllerConfig(cold_plain=False, probe_every=0))
+    simulate(off, [0.01], lambda k: 1.0 + 0.5 * k, 40)
+    assert off.buckets[1].choice == 0 and not off.cold_prefill(1)
+
+
 def test_with_cold_plain_off_every_cycle_runs_the_drafts_catch_up():
     ctl = StepController({1: [0, 1]}, initial_steps=0, config=ControllerConfig(cold_plain=False))
     ks = simulate(ctl, [0.01], lambda k: 1.0 + 0.5 * k, 200)

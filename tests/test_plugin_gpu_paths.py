@@ -140,6 +140,23 @@ def test_prefill_hook_runs_the_target_head_only_at_each_prompts_last_positions()
         assert rt.proposer.dv.active(req.kv.req_pool_idx).tolist() == sorted(set(stream))
 
 
+def test_a_cold_prefill_runs_no_target_head_and_starts_the_stream_from_the_prompt():
+    rt = _runtime(w_max=32, k_pre=2)
+    proc = TargetLogitsProcessor(torch.randn(VOCAB, DIM))
+    rows_seen = []
+    head = proc._compute_lm_head
+    proc._compute_lm_head = lambda h, lm_head: rows_seen.append(h.shape[0]) or head(h, lm_head)
+    hooks.install_prefill_topk(proc, rt)
+    rt.cold_prefill = True  # the step controller settled on plain decoding
+    fb = _padded_prefill_batch([3])
+    fb.extend_seq_lens_cpu = None  # lengths unknown: a warm prefill would run the head on every row
+    proc.forward(torch.zeros(3, dtype=torch.long), torch.randn(3, DIM), None, fb)
+    assert rows_seen == []
+    rt.start_batch(SimpleNamespace(reqs=[_req("a", [7, 2, 9], 1)], prefix_lens=[0], extend_lens=[3]))
+    assert rt.proposer.dv.active(1).tolist() == [2, 7, 9]
+    assert rt.decode_size([_req("a", [7, 2, 9], 1), _req("b", [1], 2)]) == 2
+
+
 def test_prompt_rows_without_lengths_keep_every_row():
     assert hooks.prompt_rows(SimpleNamespace(), 7) == 7
     assert hooks.prompt_rows(SimpleNamespace(extend_num_tokens=None, extend_seq_lens_cpu=[2, 3]), 9) == 5

@@ -68,6 +68,20 @@ def nano_switching(models):
 
 
 @pytest.fixture(scope="module")
+def nano_cold(models):
+    """The step controller choosing between 0 and 1 step with a draft that never lands (random
+    weights): it settles on plain decoding, so prefills run cold, and it probes 1 step often."""
+    target, draft, logs = models
+    config = logs / "cold.json"
+    config.write_text(json.dumps({"probe_every": 2, "warmup_cycles": 1,
+                                  **{str(bs): {"candidate_steps": [0, 1]} for bs in (1, 2, 4)}}))
+    args = [*spec_args("NANOSPEC", draft), "--speculative-num-steps", "1", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "2", "--speculative-adaptive-config", str(config)]
+    with server(target, args, logs, "nanospec_cold") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
 def reference(plain):
     return [output_ids(r) for r in generate_all(plain, PROMPTS, concurrent=False)]
 
@@ -125,6 +139,17 @@ def test_controller_switches_steps_mid_stream_and_output_equals_plain_decoding(n
     assert ran == {0, 1, 2, 3}
     # 0-step cycles skipped the draft's catch-up pass, and drafting resumed after a cycle that ran it.
     assert report["skipped_catch_up"] > 0 and report["catch_up_cycles"] > 0
+
+
+@pytest.mark.parametrize("concurrent", [False, True], ids=["one_at_a_time", "concurrent"])
+def test_prefills_into_plain_decoding_skip_the_drafts_prefill_and_output_equals_plain_decoding(
+        nano_cold, reference, concurrent):
+    got = [output_ids(r) for r in generate_all(nano_cold, PROMPTS, concurrent=concurrent)]
+    assert got == reference
+    report = json.loads(re.findall(r"NANOSPEC steps report: (\{.*\})", nano_cold.log_text())[-1])
+    # Cold prefills happened, and 1-step probes drafted after them (from a catch-up cycle's state).
+    assert report["cold_prefills"] > 0 and report["catch_up_cycles"] > 0
+    assert sum(b["ran"].get("1", 0) for b in report["buckets"].values()) > 0
 
 
 def test_response_meta_info_reports_active_vocabulary_and_hit_rate(nano16):

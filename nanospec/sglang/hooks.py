@@ -29,7 +29,8 @@ METRICS_LOGGER = "sglang.srt.managers.scheduler_components.metrics_reporter"
 def install_prefill_topk(proc, runtime: Runtime) -> None:
     """Make the target's logits processor stash the top-K_pre of a prefill's prompt positions, the
     last ``pre_positions`` of each request's extend (it keeps only last-position logits itself; the
-    others get -1). proc: the target model's LogitsProcessor."""
+    others get -1; all get -1, with no head run, in a cold prefill: ``Runtime.cold_prefill``).
+    proc: the target model's LogitsProcessor."""
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
     original = proc.forward
@@ -40,7 +41,10 @@ def install_prefill_topk(proc, runtime: Runtime) -> None:
         if isinstance(fb, ForwardBatch) and fb.forward_mode == ForwardMode.EXTEND:
             real = hidden_states[: prompt_rows(fb, hidden_states.shape[0])]
             lens = getattr(fb, "extend_seq_lens_cpu", None)
-            rows = tail_rows(None if lens is None else [int(x) for x in lens], real.shape[0], keep)
+            if runtime.cold_prefill or keep == 0:
+                rows = torch.empty(0, dtype=torch.long)
+            else:
+                rows = tail_rows(None if lens is None else [int(x) for x in lens], real.shape[0], keep)
             runtime.stash_prefill_topk(prefill_topk(
                 real, lambda h: proc._compute_lm_head(h, lm_head), proc.vocab_size, k,
                 None if rows is None else rows.to(real.device, non_blocking=True)))

@@ -76,6 +76,9 @@ class Runtime:
         self.slot_rid: dict[int, str] = {}
         self.starts = 0
         self.slots_used: set[int] = set()
+        # Set before each prefill by the step controller (StepController.cold_prefill): this prefill
+        # skips the target's top-K_pre (streams start from the prompt) and the draft's prefill pass.
+        self.cold_prefill = False
 
     # -- prefill ------------------------------------------------------------------------------
 
@@ -83,6 +86,14 @@ class Runtime:
         """Top-K_pre [T, k] of every prompt row of the target prefill that just ran (its logits
         processor calls this); ``start_batch`` takes it."""
         self._pending_topk = topk
+
+    def decode_size(self, reqs) -> int:
+        """Requests that decode once a prefill of ``reqs`` is done: the live ones and the new ones."""
+        return len(set(self.slot_rid.values()) | {r.rid for r in reqs})
+
+    def set_cold_prefill(self, cold: bool) -> None:
+        """Before a prefill: whether it skips the drafting-only work (``StepController.cold_prefill``)."""
+        self.cold_prefill = cold
 
     def start_batch(self, batch) -> None:
         """Start (or continue, for a chunked prompt) the stream of every request of a prefill batch,

@@ -224,7 +224,8 @@ SEAM: tuple[Touchpoint, ...] = (
          params=("self", "server_args", "gpu_id", "nccl_port", "target_worker")),
     _row(f"{_EW}.EAGLEWorkerV2.forward_batch_generation", "override", "worker.NanoSpecWorker",
          "times each decode cycle (start to the next start), its draft and verify parts, for the step "
-         "controller: CPU wall time, or CUDA events read once passed (stopwatch.Stopwatch)",
+         "controller: CPU wall time, or CUDA events read once passed (stopwatch.Stopwatch); before a "
+         "prefill, asks the controller whether it runs cold (no top-K_pre, no draft prefill pass)",
          f"{_SERVER}::test_controller_switches_steps_mid_stream_and_output_equals_plain_decoding",
          params=("self", "batch")),
     _row(f"{_EW}.EAGLEWorkerV2.verify", "override", "worker.NanoSpecWorker",
@@ -244,7 +245,8 @@ SEAM: tuple[Touchpoint, ...] = (
          f"{_GPU}::test_graph_replayed_draft_extend_sees_every_queued_gather",
          params=("self", "batch", "batch_result", "kv_loc_plan")),
     _row(f"{_EW}.EagleDraftWorker._draft_extend_for_prefill", "override", "worker.NanoSpecDraftWorker",
-         "(private) the first point where a prefill's prompt ids and target top-k are both known",
+         "(private) the first point where a prefill's prompt ids and target top-k are both known; a "
+         "cold prefill returns SGLang's stub draft state instead of running the pass",
          _LOSSLESS, params=("self", "batch", "target_hidden_states", "next_token_ids", "mm_input_embeds",
                                "kv_loc_plan")),
     # -- private calls and in-place state -------------------------------------------------------
@@ -267,8 +269,8 @@ SEAM: tuple[Touchpoint, ...] = (
          _SAMPLING, attrs=("len_output_tokens",)),
     _row(f"{_EW}.EAGLEWorkerV2._stub_skipped_draft_extend", "private", "worker.NanoSpecWorker.skip_extend",
          "a 0-step cycle that skips the draft's catch-up pass leaves SGLang's own stub as the next draft "
-         "state (what SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND does for every 0-step cycle); the step "
-         "controller runs one cycle with the pass before any cycle drafts from it",
+         "state (what SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND does for every 0-step cycle), as does a "
+         "cold prefill; the step controller runs one cycle with the pass before any cycle drafts from it",
          f"{_SERVER}::test_controller_switches_steps_mid_stream_and_output_equals_plain_decoding",
          params=("self", "batch", "batch_output")),
     # -- replacements (not API) -----------------------------------------------------------------
@@ -276,7 +278,8 @@ SEAM: tuple[Touchpoint, ...] = (
          "worker.NanoSpecDraftWorker._draft_extend_for_decode, _draft_extend_for_prefill",
          "draft-extend's top-k comes back over extend_head's columns (logits [N, W_max], not [N, V]); "
          "it is rewritten to vocabulary ids right after the pass, before SGLang stores it across "
-         "scheduler iterations (no hook sits between its top-k and that store)",
+         "scheduler iterations (no hook sits between its top-k and that store). A cold prefill "
+         "builds one (bonus tokens, per-request counts) for SGLang's stub to fill",
          f"{_MEMORY}::test_draft_extend_logits_span_the_window_and_map_to_each_requests_best_token",
          attrs=("topk_index",)),
     _row(f"{_EW}.EAGLEWorkerV2._draft_worker", "replacement", "worker.NanoSpecWorker.__init__",

@@ -9,7 +9,8 @@ scheduling, CUDA graphs, per-step runtime states) is inherited unchanged; NanoSp
   5. with NANOSPEC_STEPS=auto: each decode cycle timed (stopwatch.Stopwatch) for the step controller
      (nanospec/controller.py), which SGLang's AdaptiveController asks for the step count of a batch;
      a 0-step cycle skips the draft's catch-up pass when the controller says so (SGLang's own stub
-     of the draft state, as under SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND, but per cycle).
+     of the draft state, as under SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND, but per cycle), and so
+     does a prefill into a batch size settled on 0 steps, which also skips the target's top-K_pre.
 The draft and draft-extend entries also wait for queued gathers before a possible CUDA-graph replay
 and skip a graph captured with another head than the current choice (docs/plugin.md, GPU features).
 """
@@ -19,9 +20,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from types import SimpleNamespace
 
 import torch
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
+from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
 from nanospec.controller import StepController, read_adaptive_config
@@ -120,11 +123,13 @@ def graphs_unless_stale(worker, attr: str, head, batch: int, rows: int):
 
 class NanoSpecDraftWorker(EagleDraftWorker):
     nano_skip_extend = None
+    nano_stub = None
 
-    def set_skip_extend(self, skip) -> None:
+    def set_skip_extend(self, skip, stub) -> None:
         """``skip(batch, batch_result) -> bool``, asked at each decode cycle's draft-extend: True when
-        the cycle skips it (NanoSpecWorker.skip_extend has then stubbed the draft state)."""
-        self.nano_skip_extend = skip
+        the cycle skips it (NanoSpecWorker.skip_extend has then stubbed the draft state).
+        ``stub(batch, batch_result)`` fills SGLang's stub draft state, for a cold prefill."""
+        self.nano_skip_extend, self.nano_stub = skip, stub
 
     def init_lm_head(self) -> None:
         super().init_lm_head()
@@ -185,6 +190,15 @@ class NanoSpecDraftWorker(EagleDraftWorker):
     def _draft_extend_for_prefill(self, batch, target_hidden_states, next_token_ids,
                                   mm_input_embeds=None, kv_loc_plan=None):
         live = not batch.forward_mode.is_idle()
+        if live and self.nano.cold_prefill and self.nano_stub is not None:
+            # The controller settled on plain decoding: no draft pass; the draft state is SGLang's
+            # stub, and the controller runs a catch-up cycle before any cycle drafts from it.
+            self.nano.start_batch(batch)
+            self.nano.finish_prefill(batch)
+            out = EagleDraftInput(bonus_tokens=next_token_ids, num_tokens_per_req=1,
+                                  num_tokens_for_logprob_per_req=1)
+            self.nano_stub(batch, SimpleNamespace(next_draft_input=out))
+            return out
         if live:
             self.nano.start_batch(batch)  # before the rotation below rewrites batch.input_ids
         out = super()._draft_extend_for_prefill(batch, target_hidden_states, next_token_ids,
@@ -214,7 +228,7 @@ class NanoSpecWorker(EAGLEWorkerV2):
             # Same object, NanoSpec's methods: they take effect at alloc_memory_pool (init_lm_head).
             seam.patch(self._draft_worker, "__class__", NanoSpecDraftWorker, DRAFT_WORKER)
             if self.steps is not None:
-                self._draft_worker.set_skip_extend(self.skip_extend)
+                self._draft_worker.set_skip_extend(self.skip_extend, self._stub_skipped_draft_extend)
             # The draft is loaded and the KV cache not yet sized: announce what init_lm_head will
             # allocate, so that SGLang's KV budget leaves room for it (nanospec/sglang/memory.py).
             memory.announce(plan_memory(server_args, self._draft_worker, target_worker))
@@ -225,6 +239,9 @@ class NanoSpecWorker(EAGLEWorkerV2):
         if self.steps is None:
             return super().forward_batch_generation(batch, *args, **kwargs)
         decode = is_decode(batch)
+        if batch.forward_mode.is_extend() and self._draft_worker is not None:
+            nano = self._draft_worker.nano
+            nano.set_cold_prefill(self.steps.cold_prefill(nano.decode_size(batch.reqs)))
         now = self.watch.stamp()
         if self.nano_cycle is not None and decode:
             bs, k, start, caught_up = self.nano_cycle
