@@ -37,7 +37,11 @@ attention sees a gap there, which costs acceptance after a long stretch of plain
 correctness (verification decides every token). A prefill does the same (``cold_prefill``) once the
 bucket its requests will decode in has settled on plain decoding: it skips the target's top-K_pre and
 the draft's prefill pass, which serve only drafting, and leaves the draft behind like a skipped
-catch-up pass; a request's first token then costs what it costs without a draft.
+catch-up pass; a request's first token then costs what it costs without a draft. A draft that never saw
+a request's prompt accepts less for that request than it would, so probes on such a request would make
+drafting look worse than it is and keep the bucket at 0: its verify results are not counted, and one
+prefill in ``scout_every`` into a settled bucket still runs warm, so the probes keep measuring what a
+draft that saw its prompt accepts.
 
 The class speaks SGLang's ``AdaptiveSpecPolicy`` protocol (``candidate_steps``, ``set_cuda_graph_bs``,
 ``get_steps_for_batch``, ``on_verify_complete``, ``cuda_graph_bs_for_step``) so SGLang's own
@@ -72,7 +76,8 @@ class ControllerConfig:
     choice must beat the current one by this fraction (no flapping between near-equal choices).
     outlier: cap of one cycle time, in multiples of its expected time. cold_plain: 0-step cycles skip
     the draft's catch-up pass, and prefills into a bucket settled on 0 steps skip the target's top-K_pre
-    and the draft's prefill pass (module docstring)."""
+    and the draft's prefill pass (module docstring). scout_every: with cold_plain, one such prefill in
+    this many still runs warm (1: all run warm)."""
 
     keep: float = 0.98
     cost_alpha: float = 0.2
@@ -83,6 +88,7 @@ class ControllerConfig:
     margin: float = 0.02
     outlier: float = 1.5
     cold_plain: bool = True
+    scout_every: int = 4
 
     def __post_init__(self) -> None:
         if not isinstance(self.cold_plain, bool):
@@ -95,6 +101,8 @@ class ControllerConfig:
             raise ValueError("controller prior_accept must lie in [0, 1] and prior_weight be > 0")
         if self.warmup_cycles < 1 or self.margin < 0 or self.probe_every < 0:
             raise ValueError("controller warmup_cycles must be >= 1, margin and probe_every >= 0")
+        if not isinstance(self.scout_every, int) or self.scout_every < 1:
+            raise ValueError(f"controller scout_every must be an integer >= 1, got {self.scout_every!r}")
         if not self.outlier > 1.0:
             raise ValueError(f"controller outlier must be > 1, got {self.outlier}")
 
@@ -179,6 +187,7 @@ class Bucket:
     current: int = 0
     choice: int = 0
     pending: int | None = None  # a drafting choice deferred by one catch-up cycle
+    settled_prefills: int = 0  # prefills since the bucket settled on plain decoding
     since_probe: int = 0
     probes: int = 0
     clock: int = 0  # priced cycles so far
@@ -223,7 +232,8 @@ class StepController:
         for b in self.buckets.values():
             b.current = initial_steps if initial_steps in b.candidates else b.candidates[-1]
         self._cuda_graph_bs: list[int] | None = None
-        self._launched: deque[tuple[int, int]] = deque(maxlen=8)  # (bucket, k), oldest first
+        # (bucket, k, per request: counted?), oldest first
+        self._launched: deque[tuple[int, int, list[bool] | None]] = deque(maxlen=8)
         self.decide_s = 0.0  # wall time spent choosing, for the "under 1% of a step" check
         self.decisions = 0
         self.draft_behind = False  # the last decode cycle skipped the draft's catch-up pass
@@ -278,12 +288,15 @@ class StepController:
     def cold_prefill(self, batch_size: int) -> bool:
         """Called before each prefill with the number of requests that decode once its requests join:
         True when the prefill skips the target's top-K_pre and the draft's prefill pass, because that
-        bucket has timed every candidate and chose 0 steps (with ``cold_plain``). The draft is then
-        behind, so a cycle with the catch-up pass runs before any cycle drafts."""
+        bucket has timed every candidate and chose 0 steps (with ``cold_plain``), except one prefill
+        in ``scout_every``. The draft is then behind, so a cycle with the catch-up pass runs before
+        any cycle drafts."""
         b = self.buckets[self.route(batch_size)]
         need = self.config.warmup_cycles + 1
-        cold = (self.config.cold_plain and b.choice == 0 and b.pending is None
-                and all(b.timed[k] >= need for k in b.candidates))
+        settled = (self.config.cold_plain and b.choice == 0 and b.pending is None
+                   and all(b.timed[k] >= need for k in b.candidates))
+        b.settled_prefills = b.settled_prefills + 1 if settled else 0
+        cold = settled and b.settled_prefills % self.config.scout_every != 0
         if cold:
             self.draft_behind = True
             self.cold_prefills += 1
@@ -294,11 +307,13 @@ class StepController:
         (``get_steps_for_batch`` decides before each cycle)."""
         if not self._launched or not num_correct_drafts_per_req:
             return None
-        bs, k = self._launched.popleft()
+        bs, k, counted = self._launched.popleft()
         if k == 0 or max(num_correct_drafts_per_req) > k:  # nothing drafted, or not that cycle's
             return None
         b, keep = self.buckets[bs], self.config.keep
-        for n in num_correct_drafts_per_req:
+        for i, n in enumerate(num_correct_drafts_per_req):
+            if counted is not None and i < len(counted) and not counted[i]:
+                continue  # a request whose prompt the draft never saw (a cold prefill)
             for d in range(min(n + 1, k)):  # depths 1..n accepted, n+1 rejected
                 b.tries[d] = b.tries[d] * keep + 1.0
                 b.hits[d] = b.hits[d] * keep + (d < n)
@@ -306,10 +321,12 @@ class StepController:
 
     # -- the worker's reports ---------------------------------------------------------------
 
-    def launched(self, batch_size: int, k: int) -> None:
-        """A decode cycle of ``batch_size`` requests ran with ``k`` steps; its verify result follows."""
+    def launched(self, batch_size: int, k: int, counted: list[bool] | None = None) -> None:
+        """A decode cycle of ``batch_size`` requests ran with ``k`` steps; its verify result follows.
+        counted: per request of the batch, in order, whether its acceptance counts (False: its prefill
+        ran cold); None: all count."""
         bs = self.route(batch_size)
-        self._launched.append((bs, k))
+        self._launched.append((bs, k, counted))
         ran = self.buckets[bs].ran
         if k in ran:
             ran[k] += 1

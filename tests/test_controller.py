@@ -235,6 +235,25 @@ def test_prefills_skip_the_drafting_work_only_once_their_bucket_settled_on_plain
     assert off.buckets[1].choice == 0 and not off.cold_prefill(1)
 
 
+def test_one_settled_prefill_in_scout_every_runs_warm_and_only_warm_requests_teach_acceptance():
+    ctl = StepController({1: [0, 1]}, initial_steps=1, config=ControllerConfig(probe_every=0))
+    simulate(ctl, [0.01], lambda k: 1.0 + 0.5 * k, 40)
+    assert [ctl.cold_prefill(1) for _ in range(8)] == [True, True, True, False] * 2
+    b = ctl.buckets[1]
+    before = (list(b.hits), list(b.tries))
+    ctl.launched(2, 1, [False, False])  # both requests' prefills ran cold: nothing learned
+    ctl.on_verify_complete([0, 0], 2)
+    assert (b.hits, b.tries) == before
+    ctl.launched(2, 1, [True, False])  # the scout's result counts, the cold one's does not
+    ctl.on_verify_complete([1, 0], 2)
+    assert b.tries[0] == pytest.approx(before[1][0] * ctl.config.keep + 1)
+    assert b.hits[0] == pytest.approx(before[0][0] * ctl.config.keep + 1)
+    every = StepController({1: [0, 1]}, initial_steps=1,
+                           config=ControllerConfig(probe_every=0, scout_every=1))
+    simulate(every, [0.01], lambda k: 1.0 + 0.5 * k, 40)
+    assert not any(every.cold_prefill(1) for _ in range(4))
+
+
 def test_with_cold_plain_off_every_cycle_runs_the_drafts_catch_up():
     ctl = StepController({1: [0, 1]}, initial_steps=0, config=ControllerConfig(cold_plain=False))
     ks = simulate(ctl, [0.01], lambda k: 1.0 + 0.5 * k, 200)
@@ -281,6 +300,7 @@ def test_candidates_read_sglangs_adaptive_config_format(tmp_path):
     ([1, 2], "expected an object"),
     ({"1": {"candidate_steps": [0, 1]}, "outlier": 0.5}, "outlier must be > 1"),
     ({"1": {"candidate_steps": [0, 1]}, "cold_plain": "yes"}, "cold_plain must be true or false"),
+    ({"1": {"candidate_steps": [0, 1]}, "scout_every": 0}, "scout_every must be an integer >= 1"),
 ])
 def test_a_bad_adaptive_config_is_refused_naming_the_file_and_key(tmp_path, content, words):
     f = tmp_path / "adaptive.json"

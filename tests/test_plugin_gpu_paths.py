@@ -155,6 +155,10 @@ def test_a_cold_prefill_runs_no_target_head_and_starts_the_stream_from_the_promp
     rt.start_batch(SimpleNamespace(reqs=[_req("a", [7, 2, 9], 1)], prefix_lens=[0], extend_lens=[3]))
     assert rt.proposer.dv.active(1).tolist() == [2, 7, 9]
     assert rt.decode_size([_req("a", [7, 2, 9], 1), _req("b", [1], 2)]) == 2
+    # Its acceptance does not teach the step controller (the draft never saw its prompt), until it ends.
+    assert rt.warm_rows([_req("a", [7, 2, 9], 1), _req("b", [1], 2)]) == [False, True]
+    rt.release(1)
+    assert rt.warm_rows([_req("a", [7, 2, 9], 1)]) == [True]
 
 
 def test_prompt_rows_without_lengths_keep_every_row():

@@ -79,6 +79,7 @@ class Runtime:
         # Set before each prefill by the step controller (StepController.cold_prefill): this prefill
         # skips the target's top-K_pre (streams start from the prompt) and the draft's prefill pass.
         self.cold_prefill = False
+        self.cold_rids: set[str] = set()  # live requests whose prefill ran cold
 
     # -- prefill ------------------------------------------------------------------------------
 
@@ -90,6 +91,11 @@ class Runtime:
     def decode_size(self, reqs) -> int:
         """Requests that decode once a prefill of ``reqs`` is done: the live ones and the new ones."""
         return len(set(self.slot_rid.values()) | {r.rid for r in reqs})
+
+    def warm_rows(self, reqs) -> list[bool]:
+        """Per request of a decode batch, in order: whether its prefill ran warm (the draft saw its
+        prompt), so its acceptance counts for the step controller."""
+        return [r.rid not in self.cold_rids for r in reqs]
 
     def set_cold_prefill(self, cold: bool) -> None:
         """Before a prefill: whether it skips the drafting-only work (``StepController.cold_prefill``)."""
@@ -115,6 +121,8 @@ class Runtime:
                 first, prev = p, rows[:0]
             rows = torch.cat([prev, rows]) if prev.shape[0] else rows
             self.partial[req.rid] = (first, rows)
+            if self.cold_prefill:
+                self.cold_rids.add(req.rid)
             ids = token_tensor(req.full_untruncated_fill_ids, p + e).to(self.device, non_blocking=True)
             slot = int(req.kv.req_pool_idx)
             self.proposer.start(slot, ids, streams.fill_missing_rows(rows, first))
@@ -156,6 +164,7 @@ class Runtime:
         if rid is None:
             return None
         self.partial.pop(rid, None)
+        self.cold_rids.discard(rid)
         self.proposer.release(slot)
         return self.stats.finish(slot)
 

@@ -251,7 +251,7 @@ class NanoSpecWorker(EAGLEWorkerV2):
         out = super().forward_batch_generation(batch, *args, **kwargs)
         if decode:
             bs, k = int(batch.seq_lens.shape[0]), self.speculative_num_steps
-            self.steps.launched(bs, k)
+            self.steps.launched(bs, k, self._draft_worker.nano.warm_rows(batch.reqs))
             if self.nano_verify_at is not None:
                 self.watch.interval(("draft", bs, k), now, self.nano_verify_at)
             self.nano_cycle = (bs, k, now, self.steps.caught_up)
