@@ -433,7 +433,7 @@ class StepController:
         choice; plus the controller's own mean decision time. JSON-ready."""
         out: dict = {"decide_us": 1e6 * self.decide_s / max(self.decisions, 1), "buckets": {},
                      "skipped_catch_up": self.skipped, "catch_up_cycles": self.catch_ups,
-                "cold_prefills": self.cold_prefills}
+                     "cold_prefills": self.cold_prefills}
         for bs, b in self.buckets.items():
             if not b.cycles:
                 continue
