@@ -105,6 +105,14 @@ def _padded_prefill_batch(lens: list[int]) -> ForwardBatch:
     return fb
 
 
+def _count_head_rows(proc: TargetLogitsProcessor) -> list[int]:
+    """The row count of every call to proc's LM head from now on (the list fills as it runs)."""
+    rows_seen: list[int] = []
+    head = proc._compute_lm_head
+    proc._compute_lm_head = lambda h, lm_head: rows_seen.append(h.shape[0]) or head(h, lm_head)
+    return rows_seen
+
+
 def test_prefill_hook_ignores_the_padding_rows_of_a_prefill_graph():
     rt = _runtime(w_max=32, k_pre=2)
     proc = TargetLogitsProcessor(torch.randn(VOCAB, DIM))
@@ -124,9 +132,7 @@ def test_prefill_hook_ignores_the_padding_rows_of_a_prefill_graph():
 def test_prefill_hook_runs_the_target_head_only_at_each_prompts_last_positions():
     rt = _runtime(w_max=32, k_pre=2, pre_positions=2)
     proc = TargetLogitsProcessor(torch.randn(VOCAB, DIM))
-    rows_seen = []
-    head = proc._compute_lm_head
-    proc._compute_lm_head = lambda h, lm_head: rows_seen.append(h.shape[0]) or head(h, lm_head)
+    rows_seen = _count_head_rows(proc)
     hooks.install_prefill_topk(proc, rt)
     lens = [5, 1]
     hidden = torch.randn(6, DIM)
@@ -143,9 +149,7 @@ def test_prefill_hook_runs_the_target_head_only_at_each_prompts_last_positions()
 def test_a_cold_prefill_runs_no_target_head_and_starts_the_stream_from_the_prompt():
     rt = _runtime(w_max=32, k_pre=2)
     proc = TargetLogitsProcessor(torch.randn(VOCAB, DIM))
-    rows_seen = []
-    head = proc._compute_lm_head
-    proc._compute_lm_head = lambda h, lm_head: rows_seen.append(h.shape[0]) or head(h, lm_head)
+    rows_seen = _count_head_rows(proc)
     hooks.install_prefill_topk(proc, rt)
     rt.cold_prefill = True  # the step controller settled on plain decoding
     fb = _padded_prefill_batch([3])

@@ -53,17 +53,33 @@ def nano16(models):
         yield srv
 
 
+@contextlib.contextmanager
+def _controller_server(models, name: str, *, steps: int, probe_every: int):
+    """A NANOSPEC server on a chain of ``steps`` whose step controller picks from 0..steps in
+    batch-size buckets 1, 2 and 4, warming up in one cycle per candidate and probing every
+    ``probe_every`` cycles."""
+    target, draft, logs = models
+    config = logs / f"{name}.json"
+    config.write_text(json.dumps({"probe_every": probe_every, "warmup_cycles": 1,
+                                  **{str(bs): {"candidate_steps": list(range(steps + 1))}
+                                     for bs in (1, 2, 4)}}))
+    args = [*spec_args("NANOSPEC", draft), "--speculative-num-steps", str(steps),
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(steps + 1),
+            "--speculative-adaptive-config", str(config)]
+    with server(target, args, logs, name) as srv:
+        yield srv
+
+
+def _steps_report(srv) -> dict:
+    """The step controller's last ``NANOSPEC steps report`` in the server log."""
+    return json.loads(re.findall(r"NANOSPEC steps report: (\{.*\})", srv.log_text())[-1])
+
+
 @pytest.fixture(scope="module")
 def nano_switching(models):
     """The step controller told to probe one step above its choice every other cycle: the step
     count changes between consecutive cycles of the same requests."""
-    target, draft, logs = models
-    config = logs / "switching.json"
-    config.write_text(json.dumps({"probe_every": 1, "warmup_cycles": 1,
-                                  **{str(bs): {"candidate_steps": [0, 1, 2, 3]} for bs in (1, 2, 4)}}))
-    args = [*spec_args("NANOSPEC", draft), "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", "4", "--speculative-adaptive-config", str(config)]
-    with server(target, args, logs, "nanospec_switching") as srv:
+    with _controller_server(models, "nanospec_switching", steps=3, probe_every=1) as srv:
         yield srv
 
 
@@ -71,13 +87,7 @@ def nano_switching(models):
 def nano_cold(models):
     """The step controller choosing between 0 and 1 step with a draft that never lands (random
     weights): it settles on plain decoding, so prefills run cold, and it probes 1 step often."""
-    target, draft, logs = models
-    config = logs / "cold.json"
-    config.write_text(json.dumps({"probe_every": 2, "warmup_cycles": 1,
-                                  **{str(bs): {"candidate_steps": [0, 1]} for bs in (1, 2, 4)}}))
-    args = [*spec_args("NANOSPEC", draft), "--speculative-num-steps", "1", "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", "2", "--speculative-adaptive-config", str(config)]
-    with server(target, args, logs, "nanospec_cold") as srv:
+    with _controller_server(models, "nanospec_cold", steps=1, probe_every=2) as srv:
         yield srv
 
 
@@ -134,7 +144,7 @@ def test_controller_switches_steps_mid_stream_and_output_equals_plain_decoding(n
     # 24 new tokens a request (24 cycles of 8 requests when concurrent), a switch about every other
     # cycle: more switches than requests.
     assert log.count("Switch adaptive runtime state") - before >= len(PROMPTS)
-    report = json.loads(re.findall(r"NANOSPEC steps report: (\{.*\})", log)[-1])
+    report = _steps_report(nano_switching)
     ran = {int(k) for b in report["buckets"].values() for k, n in b["ran"].items() if n}
     assert ran == {0, 1, 2, 3}
     # 0-step cycles skipped the draft's catch-up pass, and drafting resumed after a cycle that ran it.
@@ -146,7 +156,7 @@ def test_prefills_into_plain_decoding_skip_the_drafts_prefill_and_output_equals_
         nano_cold, reference, concurrent):
     got = [output_ids(r) for r in generate_all(nano_cold, PROMPTS, concurrent=concurrent)]
     assert got == reference
-    report = json.loads(re.findall(r"NANOSPEC steps report: (\{.*\})", nano_cold.log_text())[-1])
+    report = _steps_report(nano_cold)
     # Cold prefills happened, and 1-step probes drafted after them (from a catch-up cycle's state).
     assert report["cold_prefills"] > 0 and report["catch_up_cycles"] > 0
     assert sum(b["ran"].get("1", 0) for b in report["buckets"].values()) > 0
