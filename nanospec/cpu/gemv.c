@@ -11,8 +11,9 @@
  *   1.5x the time of one row, against about 1x with tiles (measured at commit c6e3544).
  * - A tile reads NB rows of w at once, short streams that the hardware prefetcher follows badly (one
  *   row of x through such tiles ran 16-43 % slower than through one row of w at a time), so each tile
- *   prefetches, in order and into L2, the weight rows of the tile PF_TILES ahead. One row of x (a decode
- *   step) takes tiles of one output: a single sequential stream, the fastest pattern for one row.
+ *   prefetches, in order and into L2, the weight rows of the tile PF_TILES ahead. One or two rows of x (a
+ *   decode step, a verify of one draft token) take tiles of one output: a single sequential stream, the
+ *   fastest pattern for one row, and for two (STREAM_ROWS).
  *
  * Every y[m, n] is summed in the same order whatever M, N, m, the tiling and the thread count: one
  * accumulator of L lanes over the L-float blocks of the row in order, a fixed horizontal sum, then the
@@ -40,6 +41,12 @@
 #define RMAX 4
 #define NBW 1  /* wide tiles: 1 x 8 accumulators + 1 + 1 */
 #endif
+/* Rows of x up to which the weight is read as one sequential stream, tiles of one output. Two rows
+ * (the target-verify of a 1-step chain, the controller's usual choice) through Qwen2.5-0.5B's 24
+ * layers and head, weights from DRAM, took 1.096x one row with NB-output tiles and 1.025x with
+ * one-output tiles (Intel Xeon with AVX-512, one thread; inside the server the verify's linear layers
+ * took 1.125x the decode step's); at 3 and 4 rows the NB-output tiles were as fast or faster. */
+#define STREAM_ROWS 2
 /* Wide tiles: 5 to RW rows in one group, so a weight row is read once for all of them. In two groups
  * of 4 the second re-read the tile's weight rows, which at 4 x 4096 floats no longer sit in L1: the
  * packed draft head's 8 draft rows of a request (4096-wide, 3072 rows) took 2.0x one row, against
@@ -93,7 +100,7 @@ void nanospec_linear(const float *x, const float *w, const float *b, float *y, l
         for (long g = 0, m = 0, R; g < groups; g++, m += R) {
             R = M / groups + (g < M % groups);
             const float *xg = x + m * K;
-            if (n0 + nb <= N && M > 1) {
+            if (n0 + nb <= N && M > STREAM_ROWS) {
                 const float *wp = w + n0 * K, *bp = b ? b + n0 : 0;
                 float *yp = y + m * N + n0;
                 if (wide) { WIDE(NBW) } else { TILES(NB) }
