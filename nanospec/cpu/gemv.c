@@ -11,9 +11,9 @@
  *   1.5x the time of one row, against about 1x with tiles (measured at commit c6e3544).
  * - A tile reads NB rows of w at once, short streams that the hardware prefetcher follows badly (one
  *   row of x through such tiles ran 16-43 % slower than through one row of w at a time), so each tile
- *   prefetches, in order and into L2, the weight rows of the tile PF_TILES ahead. One or two rows of x (a
- *   decode step, a verify of one draft token) take tiles of one output: a single sequential stream, the
- *   fastest pattern for one row, and for two (STREAM_ROWS).
+ *   prefetches, in order and into L2, the weight rows of the tile PF_TILES ahead. One row of x (a decode
+ *   step) takes tiles of one output, a single sequential stream, the fastest pattern for one row; so do
+ *   two rows (a verify of one draft token) where that measured faster (STREAM_ROWS).
  *
  * Every y[m, n] is summed in the same order whatever M, N, m, the tiling and the thread count: one
  * accumulator of L lanes over the L-float blocks of the row in order, a fixed horizontal sum, then the
@@ -36,17 +36,21 @@
  * request at Llama-3.1-8B dims (4 requests, one thread, Zen 4) went from 1.35-1.69x one row to
  * 1.14-1.22x (python -m nanospec.bench.head --rows-only --threads 1, three runs each). */
 #define NBW 3
-#else
-#define NB 2   /* 8 accumulators + 2 + 1 of the 16 registers */
-#define RMAX 4
-#define NBW 1  /* wide tiles: 1 x 8 accumulators + 1 + 1 */
-#endif
 /* Rows of x up to which the weight is read as one sequential stream, tiles of one output. Two rows
  * (the target-verify of a 1-step chain, the controller's usual choice) through Qwen2.5-0.5B's 24
  * layers and head, weights from DRAM, took 1.096x one row with NB-output tiles and 1.025x with
  * one-output tiles (Intel Xeon with AVX-512, one thread; inside the server the verify's linear layers
  * took 1.125x the decode step's); at 3 and 4 rows the NB-output tiles were as fast or faster. */
 #define STREAM_ROWS 2
+#else
+#define NB 2   /* 8 accumulators + 2 + 1 of the 16 registers */
+#define RMAX 4
+#define NBW 1  /* wide tiles: 1 x 8 accumulators + 1 + 1 */
+/* Two rows through the same layers took 1.11-1.16x one row with these 2-output tiles and 1.14-1.20x as
+ * one stream (AMD EPYC Zen 3 with AVX2 only, one and two threads; in the server the verify took
+ * 1.03-1.05x the decode step against 1.09-1.21x): the tiles stay from 2 rows up. */
+#define STREAM_ROWS 1
+#endif
 /* Wide tiles: 5 to RW rows in one group, so a weight row is read once for all of them. In two groups
  * of 4 the second re-read the tile's weight rows, which at 4 x 4096 floats no longer sit in L1: the
  * packed draft head's 8 draft rows of a request (4096-wide, 3072 rows) took 2.0x one row, against
