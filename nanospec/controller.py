@@ -274,11 +274,12 @@ class StepController:
         self.decisions += 1
         return k
 
-    def skip_catch_up(self, k: int) -> bool:
+    def skip_catch_up(self, k: int, must_run: bool = False) -> bool:
         """Called once per decode cycle, at its draft-extend, with the cycle's step count: True when
         the cycle skips the pass (a 0-step cycle with ``cold_plain``, unless it is the catch-up cycle
-        before a drafting one)."""
-        skip = k == 0 and self.config.cold_plain and not self._catch_up
+        before a drafting one, or the worker ``must_run`` it: it keeps the skipped positions' inputs
+        for a few cycles only). A pass that runs leaves the draft up to date."""
+        skip = k == 0 and self.config.cold_plain and not self._catch_up and not must_run
         self.caught_up = k == 0 and self._catch_up
         self._catch_up = False
         self.draft_behind = skip

@@ -18,7 +18,7 @@ import pytest
 from nanospec.sglang import seam
 
 PLUGIN = Path(__file__).resolve().parents[1] / "nanospec" / "sglang"
-WRITERS = ("patch", "hide", "set_server_arg", "graphs_unless_stale")  # (obj, "attr", ...) helpers
+WRITERS = ("patch", "hide", "swapped", "set_server_arg", "graphs_unless_stale")  # (obj, "attr", ...) helpers
 
 
 def test_every_row_matches_the_installed_sglang():

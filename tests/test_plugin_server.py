@@ -162,6 +162,19 @@ def test_prefills_into_plain_decoding_skip_the_drafts_prefill_and_output_equals_
     assert sum(b["ran"].get("1", 0) for b in report["buckets"].values()) > 0
 
 
+def test_skipped_catch_up_positions_are_written_before_the_draft_drafts_again(models, reference):
+    # One request at a time, so no request joins a batch in the middle of a plain stretch: every
+    # skipped position the draft drafts after is written by a widened pass (none is left a hole),
+    # and the output stays plain decoding's. A server of its own: its report counts only these.
+    with _controller_server(models, "nanospec_gaps", steps=1, probe_every=2) as srv:
+        got = [output_ids(r) for r in generate_all(srv, PROMPTS, concurrent=False)]
+        report = _steps_report(srv)
+    assert got == reference
+    fill = report["gap_fill"]
+    assert report["skipped_catch_up"] > 0 and report["catch_up_cycles"] > 0
+    assert 0 < fill["filled"] <= report["skipped_catch_up"] and fill["holes"] == 0
+
+
 def test_response_meta_info_reports_active_vocabulary_and_hit_rate(nano16):
     meta = nano16.generate(PROMPTS[2], max_new_tokens=16)["meta_info"]
     assert 0 < meta["nanospec_mean_active_vocab"] <= 16

@@ -62,7 +62,8 @@ class MemoryPlan:
     elem: the draft LM head [draft_rows, dim] and its element size; w_max, gather, k_pre: the
     vocabulary settings; head: the head setting ("auto" unless forced); target_vocab: the target's
     vocabulary size; reduced: the draft has its own row -> target id map (a target -> draft map is
-    kept); draft_tokens: tokens per request in a verify (rows per request of a draft-extend).
+    kept); draft_tokens: tokens per request in a verify (rows per request of a draft-extend);
+    gap_bytes: bytes per slot of the skipped positions' inputs (``gapfill.GapFill``; 0: none kept).
     """
 
     slots: int
@@ -76,6 +77,7 @@ class MemoryPlan:
     target_vocab: int
     reduced: bool
     draft_tokens: int
+    gap_bytes: int = 0
 
     def persistent(self) -> dict[str, int]:
         """Bytes of every buffer allocated for the server's life, by name."""
@@ -90,6 +92,7 @@ class MemoryPlan:
             "per_slot": r * (4 + 8 + 8),  # nfree int32, pos and gathered int64
             "target_to_draft": self.target_vocab * 8 if self.reduced else 0,
             "telemetry": r * 4 * 8,
+            "gap_fill": r * self.gap_bytes,
         }
 
     def workspace(self) -> dict[str, int]:
@@ -125,14 +128,15 @@ class MemoryPlan:
 
 
 def plan(*, slots: int, head: torch.Tensor, settings, target_vocab: int, reduced: bool,
-         draft_tokens: int) -> MemoryPlan:
+         draft_tokens: int, gap_bytes: int = 0) -> MemoryPlan:
     """The plan for a draft LM head ``head`` [V_d, d] (only its shape and dtype are read) and the
     plugin's ``Settings``."""
     v = settings.vocab
     return MemoryPlan(slots=int(slots), draft_rows=int(head.shape[0]), dim=int(head.shape[1]),
                       elem=head.element_size(), w_max=v.w_max, gather=v.gather, head=settings.head,
                       k_pre=v.k_pre,
-                      target_vocab=int(target_vocab), reduced=bool(reduced), draft_tokens=int(draft_tokens))
+                      target_vocab=int(target_vocab), reduced=bool(reduced), draft_tokens=int(draft_tokens),
+                      gap_bytes=int(gap_bytes))
 
 
 # -- the reservation -----------------------------------------------------------------------------

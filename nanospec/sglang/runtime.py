@@ -13,6 +13,7 @@ import torch
 
 from nanospec import streams
 from nanospec.proposer import Proposer
+from nanospec.sglang.gapfill import GapFill
 from nanospec.sglang.memory import prefill_chunk_rows
 from nanospec.sglang.settings import Settings
 from nanospec.sglang.telemetry import SlotStats
@@ -80,6 +81,8 @@ class Runtime:
         # skips the target's top-K_pre (streams start from the prompt) and the draft's prefill pass.
         self.cold_prefill = False
         self.cold_rids: set[str] = set()  # live requests whose prefill ran cold
+        # Skipped catch-up positions' inputs, with the step controller's cold_plain (the worker sets it).
+        self.gaps: GapFill | None = None
 
     # -- prefill ------------------------------------------------------------------------------
 

@@ -56,6 +56,7 @@ _HEADS = f"{_UNITS}::test_each_head_proposes_the_best_token_of_its_vocabulary"
 _MEMORY = "tests/test_plugin_memory.py"
 _FLAGS = "tests/test_plugin_flags.py"
 _AD = "sglang.srt.speculative.adaptive_runtime_state"
+_GAPS = f"{_SERVER}::test_skipped_catch_up_positions_are_written_before_the_draft_drafts_again"
 
 
 class SeamError(RuntimeError):
@@ -273,6 +274,17 @@ SEAM: tuple[Touchpoint, ...] = (
          "cold prefill; the step controller runs one cycle with the pass before any cycle drafts from it",
          f"{_SERVER}::test_controller_switches_steps_mid_stream_and_output_equals_plain_decoding",
          params=("self", "batch", "batch_output")),
+    _row("sglang.srt.managers.utils.GenerationBatchResult", "private",
+         "worker.NanoSpecDraftWorker.widened",
+         "a draft-extend widened by skipped positions selects each request's last accepted row past "
+         "them: its (accepted drafts, select index, next tokens) are handed in as SGLang's own "
+         "prepared inputs for that call, the field the CUDA verify fills", _GAPS,
+         attrs=("prepared_draft_extend_inputs",)),
+    _row("sglang.srt.speculative.eagle_info.EagleDraftExtendInput", "private",
+         "worker.NanoSpecDraftWorker.widened",
+         "SGLang's widened draft-extend window (num_front_tokens, as its multi-layer MTP worker uses "
+         "it): the skipped positions' inputs run in front of the verify window", _GAPS,
+         attrs=("num_front_tokens", "num_tokens_per_req", "num_tokens_for_logprob_per_req")),
     # -- replacements (not API) -----------------------------------------------------------------
     _row("sglang.srt.speculative.eagle_info.EagleDraftInput", "private",
          "worker.NanoSpecDraftWorker._draft_extend_for_decode, _draft_extend_for_prefill",
@@ -282,6 +294,15 @@ SEAM: tuple[Touchpoint, ...] = (
          "builds one (bonus tokens, per-request counts) for SGLang's stub to fill",
          f"{_MEMORY}::test_draft_extend_logits_span_the_window_and_map_to_each_requests_best_token",
          attrs=("topk_index",)),
+    _row(f"{_EW}.prepare_for_draft_extend", "replacement", "worker.NanoSpecDraftWorker.widened",
+         "swapped for one draft-extend call that fills skipped positions: SGLang's own function runs "
+         "with its widened window (locations and positions of the skipped positions in front), and the "
+         "front rows' token ids and hidden states are written after it returns, as SGLang's "
+         "multi-layer worker does; EAGLEWorkerV2 builds that window for no other worker", _GAPS,
+         params=("draft_extend_input", "batch", "predict", "num_draft_tokens", "draft_model_runner",
+                 "cuda_graph_runner", "return_hidden_states_before_norm", "widened_out_cache_loc",
+                 "widened_positions"),
+         attrs=("prepare_for_draft_extend",)),
     _row(f"{_EW}.EAGLEWorkerV2._draft_worker", "replacement", "worker.NanoSpecWorker.__init__",
          "__class__ of the live draft worker becomes NanoSpecDraftWorker (a subclass adding no state "
          "before init_lm_head): EAGLEWorkerV2.__init__ builds EagleDraftWorker by name, no factory "
@@ -357,15 +378,20 @@ def patch(obj, attr: str, value, symbol: str) -> None:
 
 
 @contextlib.contextmanager
-def hide(obj, attr: str, symbol: str):
-    """Set ``obj.<attr>`` to None for the duration of the block, then restore it."""
+def swapped(obj, attr: str, value, symbol: str):
+    """Set ``obj.<attr>`` to ``value`` for the duration of the block, then restore it."""
     _row_for(symbol, attr)
     saved = getattr(obj, attr)
-    setattr(obj, attr, None)
+    setattr(obj, attr, value)
     try:
         yield
     finally:
         setattr(obj, attr, saved)
+
+
+def hide(obj, attr: str, symbol: str):
+    """Set ``obj.<attr>`` to None for the duration of the block, then restore it."""
+    return swapped(obj, attr, None, symbol)
 
 
 def set_server_arg(server_args, name: str, value, why: str) -> None:

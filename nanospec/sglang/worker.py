@@ -10,7 +10,8 @@ scheduling, CUDA graphs, per-step runtime states) is inherited unchanged; NanoSp
      (nanospec/controller.py), which SGLang's AdaptiveController asks for the step count of a batch;
      a 0-step cycle skips the draft's catch-up pass when the controller says so (SGLang's own stub
      of the draft state, as under SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND, but per cycle), and so
-     does a prefill into a batch size settled on 0 steps, which also skips the target's top-K_pre.
+     does a prefill into a batch size settled on 0 steps, which also skips the target's top-K_pre;
+     the next pass that runs writes the skipped positions' draft KV late (nanospec/sglang/gapfill.py).
 The draft and draft-extend entries also wait for queued gathers before a possible CUDA-graph replay
 and skip a graph captured with another head than the current choice (docs/plugin.md, GPU features).
 """
@@ -23,12 +24,14 @@ import logging
 from types import SimpleNamespace
 
 import torch
+from sglang.srt.speculative import eagle_worker_v2
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
 from nanospec.controller import StepController, read_adaptive_config
 from nanospec.sglang import hooks, memory, seam
+from nanospec.sglang.gapfill import WINDOW, GapFill, verify_width
 from nanospec.sglang.runtime import Runtime
 from nanospec.sglang.settings import check_against_model, load_settings
 from nanospec.sglang.telemetry import LogSuffix
@@ -57,11 +60,11 @@ def reduced_vocab_map(hot: torch.Tensor | None, target_vocab: int) -> torch.Tens
     return hot
 
 
-def plan_memory(server_args, draft_worker, target_worker) -> memory.MemoryPlan:
+def plan_memory(server_args, draft_worker, target_worker, gap_window: int = 0) -> memory.MemoryPlan:
     """NanoSpec's bytes for this server, before SGLang sizes the KV cache: slots are SGLang's
     req_to_token rows (max running requests + 1 padding row; fewer if the KV cache caps the requests,
     so this is an upper bound), the head is the loaded draft's (or the target's, which EAGLE drafts
-    share)."""
+    share); gap_window: skipped positions kept per slot (``GapFill``; 0: none)."""
     model = draft_worker.draft_runner.model
     try:
         weight = draft_head_weight(model)
@@ -77,9 +80,11 @@ def plan_memory(server_args, draft_worker, target_worker) -> memory.MemoryPlan:
     running = get_schedule().max_running_requests or server_args.max_running_requests
     if running is None:
         raise ValueError("NANOSPEC needs a maximum number of running requests to size its state")
+    gap_row = (GapFill.slot_bytes(verify_width(model), target_worker.model_runner.dtype, gap_window)
+               if gap_window else 0)
     return memory.plan(slots=int(running) + 1, head=weight,
                        settings=load_settings(), target_vocab=target_vocab, reduced=reduced,
-                       draft_tokens=int(draft_worker.speculative_num_draft_tokens))
+                       draft_tokens=int(draft_worker.speculative_num_draft_tokens), gap_bytes=gap_row)
 
 
 def build_controller(server_args, steps: int, topk: int) -> StepController | None:
@@ -110,6 +115,7 @@ HOT_TOKEN_ID = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.hot_toke
 DRAFT_WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2._draft_worker"
 REPORT_EVERY = 50  # decode cycles between two "NANOSPEC steps report" log lines
 ADAPTIVE = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.adaptive_controller"
+PREPARE_EXTEND = "sglang.srt.speculative.eagle_worker_v2.prepare_for_draft_extend"
 
 
 def graphs_unless_stale(worker, attr: str, head, batch: int, rows: int):
@@ -124,12 +130,14 @@ def graphs_unless_stale(worker, attr: str, head, batch: int, rows: int):
 class NanoSpecDraftWorker(EagleDraftWorker):
     nano_skip_extend = None
     nano_stub = None
+    nano_gap_window = 0
 
-    def set_skip_extend(self, skip, stub) -> None:
-        """``skip(batch, batch_result) -> bool``, asked at each decode cycle's draft-extend: True when
-        the cycle skips it (NanoSpecWorker.skip_extend has then stubbed the draft state).
-        ``stub(batch, batch_result)`` fills SGLang's stub draft state, for a cold prefill."""
-        self.nano_skip_extend, self.nano_stub = skip, stub
+    def set_skip_extend(self, skip, stub, gap_window: int) -> None:
+        """``skip(batch, batch_result, must_run) -> bool``, asked at each decode cycle's draft-extend:
+        True when the cycle skips it (NanoSpecWorker.skip_extend has then stubbed the draft state);
+        never when ``must_run``. ``stub(batch, batch_result)`` fills SGLang's stub draft state, for a
+        cold prefill. gap_window: skipped positions kept per slot for a later pass (``GapFill``)."""
+        self.nano_skip_extend, self.nano_stub, self.nano_gap_window = skip, stub, gap_window
 
     def init_lm_head(self) -> None:
         super().init_lm_head()
@@ -140,6 +148,10 @@ class NanoSpecDraftWorker(EagleDraftWorker):
         hot = reduced_vocab_map(self.hot_token_id, target_vocab)
         slots = self.req_to_token_pool.req_to_token.shape[0]
         self.nano = Runtime(weight, slots, settings, hot=hot, target_vocab=target_vocab)
+        if self.nano_gap_window:
+            self.nano.gaps = GapFill(slots, verify_width(self.draft_runner.model),
+                                     self.target_worker.model_runner.dtype, weight.device,
+                                     self.nano_gap_window)
         self.nano.warm_up(self.speculative_num_draft_tokens, self.speculative_num_steps + 1)
         ids = hooks.IdMap(self.nano.proposer.out_vocab)
         hooks.install_draft_head(self.draft_runner.model.logits_processor, self.nano, ids)
@@ -174,12 +186,25 @@ class NanoSpecDraftWorker(EagleDraftWorker):
 
     def _draft_extend_for_decode(self, batch, batch_result, **kwargs):
         n = len(batch.seq_lens)
-        if n and self.nano_skip_extend is not None and self.nano_skip_extend(batch, batch_result):
+        gaps = self.nano.gaps if n else None
+        slots = [int(r.kv.req_pool_idx) for r in batch.reqs] if gaps is not None else []
+        if n and self.nano_skip_extend is not None and self.nano_skip_extend(
+                batch, batch_result, gaps is not None and gaps.due(slots)):
+            if gaps is not None:
+                gaps.stash(slots, batch.req_pool_indices, batch.seq_lens, batch_result.next_token_ids,
+                           batch_result.logits_output.hidden_states)
             return None
         self.nano.proposer.wait_gathers()
-        with graphs_unless_stale(self, "cuda_graph_runner_for_draft_extend", self.nano.proposer, n,
-                                 n * self.speculative_num_draft_tokens):
+        front = gaps.front(slots) if gaps is not None else 0
+        if front:
+            ctx = self.widened(batch, batch_result, front)
+        else:
+            ctx = graphs_unless_stale(self, "cuda_graph_runner_for_draft_extend", self.nano.proposer, n,
+                                      n * self.speculative_num_draft_tokens)
+        with ctx:
             out = super()._draft_extend_for_decode(batch, batch_result, **kwargs)
+        if gaps is not None:
+            gaps.written(slots, front)
         nxt = getattr(batch_result, "next_draft_input", None)
         if n and getattr(nxt, "topk_index", None) is not None:
             # SGLang took the top-k over extend_head's columns: vocabulary ids from here on.
@@ -187,9 +212,43 @@ class NanoSpecDraftWorker(EagleDraftWorker):
                                                     nxt.topk_index)
         return out
 
+    @contextlib.contextmanager
+    def widened(self, batch, batch_result, front: int):
+        """For one draft-extend call: its window starts ``front`` positions early, at the batch's
+        skipped positions, whose kept inputs run in front of the verify's (``GapFill``). Eager: a
+        captured graph has the usual window."""
+        gaps, b, d = self.nano.gaps, len(batch.seq_lens), self.speculative_num_draft_tokens
+        accept = batch_result.accept_lens.long()
+        # Each request's last accepted row, past its front rows.
+        select = torch.arange(b, device=accept.device, dtype=torch.int64) * (front + d) + front + accept - 1
+        locs, positions = gaps.window_of(self.req_to_token_pool.req_to_token, batch.req_pool_indices,
+                                         batch.seq_lens, front, d)
+        original = eagle_worker_v2.prepare_for_draft_extend
+
+        def prepare(inp, batch_, predict, num_draft_tokens, *args, **kwargs):
+            verify_hidden = inp.hidden_states
+            inp.num_front_tokens = front
+            inp.num_tokens_per_req = inp.num_tokens_for_logprob_per_req = front + num_draft_tokens
+            fb = original(inp, batch_, predict, num_draft_tokens, *args, **kwargs,
+                          widened_out_cache_loc=locs, widened_positions=positions)
+            gaps.fill(fb.input_ids, fb.spec_info.hidden_states, batch_.req_pool_indices, batch_.seq_lens,
+                      front, predict, verify_hidden)
+            return fb
+
+        prepared = batch_result.prepared_draft_extend_inputs
+        batch_result.prepared_draft_extend_inputs = (accept - 1, select, batch_result.next_token_ids.long())
+        try:
+            with (seam.swapped(eagle_worker_v2, "prepare_for_draft_extend", prepare, PREPARE_EXTEND),
+                  seam.hide(self, "cuda_graph_runner_for_draft_extend", GRAPH_RUNNER)):
+                yield
+        finally:
+            batch_result.prepared_draft_extend_inputs = prepared
+
     def _draft_extend_for_prefill(self, batch, target_hidden_states, next_token_ids,
                                   mm_input_embeds=None, kv_loc_plan=None):
         live = not batch.forward_mode.is_idle()
+        if live and self.nano.gaps is not None:
+            self.nano.gaps.started([int(r.kv.req_pool_idx) for r in batch.reqs])
         if live and self.nano.cold_prefill and self.nano_stub is not None:
             # The controller settled on plain decoding: no draft pass; the draft state is SGLang's
             # stub, and the controller runs a catch-up cycle before any cycle drafts from it.
@@ -227,11 +286,13 @@ class NanoSpecWorker(EAGLEWorkerV2):
                 seam.patch(self, "adaptive_controller", AdaptiveController(self, self.steps), ADAPTIVE)
             # Same object, NanoSpec's methods: they take effect at alloc_memory_pool (init_lm_head).
             seam.patch(self._draft_worker, "__class__", NanoSpecDraftWorker, DRAFT_WORKER)
+            gap_window = WINDOW if self.steps is not None and self.steps.config.cold_plain else 0
             if self.steps is not None:
-                self._draft_worker.set_skip_extend(self.skip_extend, self._stub_skipped_draft_extend)
+                self._draft_worker.set_skip_extend(self.skip_extend, self._stub_skipped_draft_extend,
+                                                   gap_window)
             # The draft is loaded and the KV cache not yet sized: announce what init_lm_head will
             # allocate, so that SGLang's KV budget leaves room for it (nanospec/sglang/memory.py).
-            memory.announce(plan_memory(server_args, self._draft_worker, target_worker))
+            memory.announce(plan_memory(server_args, self._draft_worker, target_worker, gap_window))
 
     def forward_batch_generation(self, batch, *args, **kwargs):
         """SGLang's step, timed for the step controller: a decode cycle runs from its start to the
@@ -260,13 +321,16 @@ class NanoSpecWorker(EAGLEWorkerV2):
             self.steps.record(kind, bs, k, seconds)
         if decode and self.steps.decisions % REPORT_EVERY == 0:
             # The learned cost model, for the benchmarks (last line wins) and for users reading logs.
-            logger.info("NANOSPEC steps report: %s", json.dumps(self.steps.report()))
+            gaps = self._draft_worker.nano.gaps
+            report = {**self.steps.report(), **({"gap_fill": gaps.report()} if gaps is not None else {})}
+            logger.info("NANOSPEC steps report: %s", json.dumps(report))
         return out
 
-    def skip_extend(self, batch, batch_result) -> bool:
+    def skip_extend(self, batch, batch_result, must_run: bool = False) -> bool:
         """At a decode cycle's draft-extend: when the controller skips it (a plain cycle that no
-        drafting cycle follows directly), fill the next draft state with SGLang's stub."""
-        if not self.steps.skip_catch_up(self.speculative_num_steps):
+        drafting cycle follows directly, and ``must_run`` is false), fill the next draft state with
+        SGLang's stub."""
+        if not self.steps.skip_catch_up(self.speculative_num_steps, must_run):
             return False
         self._stub_skipped_draft_extend(batch, batch_result)
         return True
