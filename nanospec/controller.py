@@ -26,22 +26,22 @@ candidate's first few relative costs are averaged evenly (one taken during warm-
 host speed, does not linger), later ones with weight ``cost_alpha``. A cycle time above ``outlier``
 times its expected time counts as that much, so a single stalled cycle moves nothing far.
 
-A 0-step cycle is a plain decode through the verify path, plus the draft's catch-up pass
-(draft-extend), which only keeps the draft ready for the next drafting cycle. With ``cold_plain`` (the
-default) a 0-step cycle skips that pass (``skip_catch_up``), so falling back to plain decoding costs
-about what plain decoding costs; before the next cycle that drafts, one 0-step cycle runs the pass
-again (``get_steps_for_batch`` inserts it; ``caught_up`` tells the worker, which leaves its time
-unpriced: it is what switching up costs, not what a 0-step cycle costs), so a draft never starts
-from a skipped pass's empty state. The draft's KV cache keeps no entry for the skipped tokens: its
-attention sees a gap there, which costs acceptance after a long stretch of plain decoding, never
-correctness (verification decides every token). A prefill does the same (``cold_prefill``) once the
-bucket its requests will decode in has settled on plain decoding: it skips the target's top-K_pre and
-the draft's prefill pass, which serve only drafting, and leaves the draft behind like a skipped
-catch-up pass; a request's first token then costs what it costs without a draft. A draft that never saw
-a request's prompt accepts less for that request than it would, so probes on such a request would make
-drafting look worse than it is and keep the bucket at 0: its verify results are not counted, and one
-prefill in ``scout_every`` into a settled bucket still runs warm, so the probes keep measuring what a
-draft that saw its prompt accepts.
+A 0-step cycle is a plain decode through the verify path, plus the draft's catch-up pass (draft-extend),
+which only keeps the draft ready for the next drafting cycle. With ``cold_plain`` (the default) a 0-step
+cycle skips that pass (``skip_catch_up``), so falling back to plain decoding costs about what plain
+decoding costs; before the next cycle that drafts, one 0-step cycle runs the pass again
+(``get_steps_for_batch`` inserts it; ``caught_up`` tells the worker, which leaves its time unpriced: it
+is what switching up costs, not what a 0-step cycle costs), so a draft never starts from a skipped
+pass's empty state. The skipped tokens' draft KV entries are written late, by that pass
+(nanospec/sglang/gapfill.py; the worker runs a pass in a skipped cycle too once it keeps as many skipped
+positions as it can, ``skip_catch_up(must_run=True)``), so probes draft from a whole cache. A prefill
+does the same (``cold_prefill``) once the bucket its requests will decode in has settled on plain
+decoding: it skips the target's top-K_pre and the draft's prefill pass, which serve only drafting, and
+leaves the draft behind like a skipped catch-up pass; a request's first token then costs what it costs
+without a draft. A draft that never saw a request's prompt accepts less for that request than it would,
+so probes on such a request would make drafting look worse than it is and keep the bucket at 0: its
+verify results are not counted, and one prefill in ``scout_every`` into a settled bucket still runs
+warm, so the probes keep measuring what a draft that saw its prompt accepts.
 
 The class speaks SGLang's ``AdaptiveSpecPolicy`` protocol (``candidate_steps``, ``set_cuda_graph_bs``,
 ``get_steps_for_batch``, ``on_verify_complete``, ``cuda_graph_bs_for_step``) so SGLang's own

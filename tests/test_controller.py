@@ -212,6 +212,17 @@ def test_plain_cycles_skip_the_drafts_catch_up_and_one_cycle_runs_it_before_draf
     assert ctl.report()["skipped_catch_up"] == skipped and ctl.report()["catch_up_cycles"] == len(ran)
 
 
+def test_a_pass_the_worker_must_run_leaves_the_draft_ready_to_draft_at_once():
+    ctl = StepController({1: [0, 1]}, initial_steps=0, config=ControllerConfig(probe_every=0))
+    assert ctl.get_steps_for_batch(1) == 0 and ctl.skip_catch_up(0) and ctl.draft_behind
+    # The worker's ring of skipped positions is full: this plain cycle runs the pass (and is priced
+    # as a plain cycle), so a cycle that drafts next needs no catch-up cycle before it.
+    assert ctl.get_steps_for_batch(1) == 0 and not ctl.skip_catch_up(0, must_run=True)
+    assert not ctl.draft_behind and not ctl.caught_up
+    ctl.buckets[1].pending = 1  # a cycle that drafts, as after a catch-up cycle
+    assert ctl.get_steps_for_batch(1) == 1 and ctl.report()["catch_up_cycles"] == 0
+
+
 def test_prefills_skip_the_drafting_work_only_once_their_bucket_settled_on_plain_decoding():
     ctl = StepController({1: [0, 1], 4: [0, 1]}, initial_steps=1, config=ControllerConfig(probe_every=0))
     assert not ctl.cold_prefill(1)  # nothing timed yet: the draft's first cycles need its prefill

@@ -3,9 +3,10 @@
 A 0-step cycle may skip the draft's catch-up pass (draft-extend; ``StepController.skip_catch_up``),
 which leaves no draft KV entry at that cycle's position: a later drafting cycle would attend there to
 whatever the cache slot last held (another request's entry, or zeros), and accept less than a draft
-that saw every token. An EAGLE draft's K and V at a position depend only on that position's inputs
-(the target's hidden state there and the next token), so running the skipped positions' inputs
-through a later pass writes exactly the entries the skipped passes would have written.
+that saw every token. A draft-extend row's inputs are the target's hidden state at its position and
+the next token, both known once the verify ran; running the skipped positions' rows, in order, in
+front of a later pass writes the entries the skipped passes would have written (the rows attend to the
+same cache before them, and to each other causally).
 
 ``GapFill`` keeps those inputs per request slot for its last ``window`` skipped positions (a ring
 indexed by position) and counts each request's gap on the host. The next draft-extend that runs is

@@ -74,13 +74,20 @@ def install_draft_head(proc, runtime: Runtime, ids: IdMap) -> None:
     columns of ``extend_head`` ([N, W_max] float32 for the packed head, never [N, V]); SGLang keeps
     their top-k across scheduler iterations and batch changes, so ``NanoSpecDraftWorker`` maps it to
     vocabulary ids (``extend_token_ids``) as soon as the draft-extend returns (seam table,
-    ``_get_logits``).
+    ``_get_logits``). A draft-extend widened by skipped positions (``NanoSpecDraftWorker.widened``)
+    ran its front rows for their KV entries only: the head and the returned hidden states see the
+    verify window's rows alone, so SGLang's usual row selection applies.
     """
     original = proc.forward
     current: dict = {}  # the ForwardBatch of the forward call in progress (LogitsMetadata drops it)
 
     def forward(input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs):
         current["fb"] = logits_metadata
+        front = getattr(getattr(logits_metadata, "spec_info", None), "num_front_tokens", 0)
+        if front and logits_metadata.forward_mode.is_draft_extend_v2():
+            b = logits_metadata.req_pool_indices.shape[0]
+            hidden_states = hidden_states.view(b, -1, hidden_states.shape[-1])[:, front:].flatten(0, 1)
+            input_ids = input_ids.view(b, -1)[:, front:].flatten()
         try:
             return original(input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs)
         finally:

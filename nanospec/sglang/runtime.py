@@ -64,7 +64,7 @@ class Runtime:
     """
 
     def __init__(self, weight: torch.Tensor, max_requests: int, settings: Settings, *,
-                 hot: torch.Tensor | None = None, target_vocab: int):
+                 hot: torch.Tensor | None = None, target_vocab: int, gaps: GapFill | None = None):
         self.settings = settings
         self.cfg = settings.vocab
         self.proposer = Proposer(weight, max_requests, self.cfg, head=settings.head, hot=hot,
@@ -81,8 +81,8 @@ class Runtime:
         # skips the target's top-K_pre (streams start from the prompt) and the draft's prefill pass.
         self.cold_prefill = False
         self.cold_rids: set[str] = set()  # live requests whose prefill ran cold
-        # Skipped catch-up positions' inputs, with the step controller's cold_plain (the worker sets it).
-        self.gaps: GapFill | None = None
+        # The skipped catch-up positions' inputs, with the step controller's cold_plain (worker.py).
+        self.gaps = gaps
 
     # -- prefill ------------------------------------------------------------------------------
 

@@ -274,16 +274,11 @@ SEAM: tuple[Touchpoint, ...] = (
          "cold prefill; the step controller runs one cycle with the pass before any cycle drafts from it",
          f"{_SERVER}::test_controller_switches_steps_mid_stream_and_output_equals_plain_decoding",
          params=("self", "batch", "batch_output")),
-    _row("sglang.srt.managers.utils.GenerationBatchResult", "private",
-         "worker.NanoSpecDraftWorker.widened",
-         "a draft-extend widened by skipped positions selects each request's last accepted row past "
-         "them: its (accepted drafts, select index, next tokens) are handed in as SGLang's own "
-         "prepared inputs for that call, the field the CUDA verify fills", _GAPS,
-         attrs=("prepared_draft_extend_inputs",)),
     _row("sglang.srt.speculative.eagle_info.EagleDraftExtendInput", "private",
-         "worker.NanoSpecDraftWorker.widened",
+         "worker.NanoSpecDraftWorker.widened, hooks.install_draft_head",
          "SGLang's widened draft-extend window (num_front_tokens, as its multi-layer MTP worker uses "
-         "it): the skipped positions' inputs run in front of the verify window", _GAPS,
+         "it): the skipped positions' inputs run in front of the verify window; the draft head "
+         "drops those rows, so that the head's work and SGLang's row selection stay the window's", _GAPS,
          attrs=("num_front_tokens", "num_tokens_per_req", "num_tokens_for_logprob_per_req")),
     # -- replacements (not API) -----------------------------------------------------------------
     _row("sglang.srt.speculative.eagle_info.EagleDraftInput", "private",

@@ -147,11 +147,9 @@ class NanoSpecDraftWorker(EagleDraftWorker):
         weight = draft_head_weight(self.draft_runner.model)
         hot = reduced_vocab_map(self.hot_token_id, target_vocab)
         slots = self.req_to_token_pool.req_to_token.shape[0]
-        self.nano = Runtime(weight, slots, settings, hot=hot, target_vocab=target_vocab)
-        if self.nano_gap_window:
-            self.nano.gaps = GapFill(slots, verify_width(self.draft_runner.model),
-                                     self.target_worker.model_runner.dtype, weight.device,
-                                     self.nano_gap_window)
+        gaps = (GapFill(slots, verify_width(self.draft_runner.model), self.target_worker.model_runner.dtype,
+                        weight.device, self.nano_gap_window) if self.nano_gap_window else None)
+        self.nano = Runtime(weight, slots, settings, hot=hot, target_vocab=target_vocab, gaps=gaps)
         self.nano.warm_up(self.speculative_num_draft_tokens, self.speculative_num_steps + 1)
         ids = hooks.IdMap(self.nano.proposer.out_vocab)
         hooks.install_draft_head(self.draft_runner.model.logits_processor, self.nano, ids)
@@ -215,12 +213,10 @@ class NanoSpecDraftWorker(EagleDraftWorker):
     @contextlib.contextmanager
     def widened(self, batch, batch_result, front: int):
         """For one draft-extend call: its window starts ``front`` positions early, at the batch's
-        skipped positions, whose kept inputs run in front of the verify's (``GapFill``). Eager: a
-        captured graph has the usual window."""
-        gaps, b, d = self.nano.gaps, len(batch.seq_lens), self.speculative_num_draft_tokens
-        accept = batch_result.accept_lens.long()
-        # Each request's last accepted row, past its front rows.
-        select = torch.arange(b, device=accept.device, dtype=torch.int64) * (front + d) + front + accept - 1
+        skipped positions, whose kept inputs run in front of the verify's (``GapFill``); the draft
+        head leaves those rows out (``hooks.install_draft_head``), so SGLang selects each request's
+        last accepted row as usual. Eager: a captured graph has the usual window."""
+        gaps, d = self.nano.gaps, self.speculative_num_draft_tokens
         locs, positions = gaps.window_of(self.req_to_token_pool.req_to_token, batch.req_pool_indices,
                                          batch.seq_lens, front, d)
         original = eagle_worker_v2.prepare_for_draft_extend
@@ -235,14 +231,9 @@ class NanoSpecDraftWorker(EagleDraftWorker):
                       front, predict, verify_hidden)
             return fb
 
-        prepared = batch_result.prepared_draft_extend_inputs
-        batch_result.prepared_draft_extend_inputs = (accept - 1, select, batch_result.next_token_ids.long())
-        try:
-            with (seam.swapped(eagle_worker_v2, "prepare_for_draft_extend", prepare, PREPARE_EXTEND),
-                  seam.hide(self, "cuda_graph_runner_for_draft_extend", GRAPH_RUNNER)):
-                yield
-        finally:
-            batch_result.prepared_draft_extend_inputs = prepared
+        with (seam.swapped(eagle_worker_v2, "prepare_for_draft_extend", prepare, PREPARE_EXTEND),
+              seam.hide(self, "cuda_graph_runner_for_draft_extend", GRAPH_RUNNER)):
+            yield
 
     def _draft_extend_for_prefill(self, batch, target_hidden_states, next_token_ids,
                                   mm_input_embeds=None, kv_loc_plan=None):
