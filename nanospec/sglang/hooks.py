@@ -87,7 +87,8 @@ def install_draft_head(proc, runtime: Runtime, ids: IdMap) -> None:
         if front and logits_metadata.forward_mode.is_draft_extend_v2():
             b = logits_metadata.req_pool_indices.shape[0]
             hidden_states = hidden_states.view(b, -1, hidden_states.shape[-1])[:, front:].flatten(0, 1)
-            input_ids = input_ids.view(b, -1)[:, front:].flatten()
+            if input_ids is not None:
+                input_ids = input_ids.view(b, -1)[:, front:].flatten()
         try:
             return original(input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs)
         finally:
