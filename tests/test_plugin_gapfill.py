@@ -77,3 +77,9 @@ def test_memory_plan_reserves_what_the_gap_fill_allocates(dtype):
     plan = memory.plan(slots=slots, head=head, settings=Settings(), target_vocab=16, reduced=False,
                        draft_tokens=2, gap_bytes=GapFill.slot_bytes(width, dtype))
     assert plan.persistent()["gap_fill"] == got
+
+
+def test_hidden_states_of_another_width_turn_the_fill_off_instead_of_failing():
+    g = GapFill(SLOTS, WIDTH, torch.float32, "cpu", window=WINDOW)
+    g.stash([1], torch.tensor([1]), torch.tensor([4]), torch.tensor([9]), torch.zeros(1, WIDTH + 1))
+    assert g.front([1]) == 0 and not g.due([1]) and "not [B, 3]" in g.report()["off"]

@@ -40,6 +40,7 @@ class GapFill:
         self.gap = np.zeros(slots, dtype=np.int64)  # skipped positions since the slot's last pass
         self.filled = 0  # positions written late
         self.holes = 0  # skipped positions never written
+        self.off: str | None = None  # why the fill stopped (verify hidden states it cannot keep)
 
     def stash(self, slots: list[int], reqs: torch.Tensor, seq_lens: torch.Tensor, tokens: torch.Tensor,
               hidden: torch.Tensor) -> None:
@@ -47,6 +48,13 @@ class GapFill:
         request slots on the host; reqs [B] the same on the device; seq_lens [B] the position of each
         request's verified token; tokens [B] the verify's next tokens; hidden [B, width] its hidden
         states."""
+        if hidden is None or hidden.dim() != 2 or hidden.shape[-1] != self.width:
+            # Not the hidden states this draft takes: keep none (the skipped positions stay holes, as
+            # without the fill) rather than stop the server.
+            shape = None if hidden is None else tuple(hidden.shape)
+            self.off = f"verify hidden states {shape}, not [B, {self.width}]"
+        if self.off is not None:
+            return
         col = (seq_lens % self.window).long()
         rows = reqs.long()
         self.tokens[rows, col] = tokens.long()
@@ -56,12 +64,12 @@ class GapFill:
     def front(self, slots: list[int]) -> int:
         """Skipped positions the batch's next pass writes in front of its window: the smallest gap
         (at most ``window``)."""
-        return int(min(self.gap[slots].min(), self.window)) if slots else 0
+        return int(min(self.gap[slots].min(), self.window)) if slots and self.off is None else 0
 
     def due(self, slots: list[int]) -> bool:
         """Whether a request of the batch has ``window`` skipped positions: one more would overwrite
         the oldest, so this cycle's pass must run."""
-        return bool(slots) and int(self.gap[slots].max()) >= self.window
+        return bool(slots) and self.off is None and int(self.gap[slots].max()) >= self.window
 
     def written(self, slots: list[int], front: int) -> None:
         """The batch's pass ran with ``front`` positions in front: every gap is closed."""
@@ -75,7 +83,8 @@ class GapFill:
         self.gap[slots] = 0
 
     def report(self) -> dict[str, int]:
-        return {"window": self.window, "filled": self.filled, "holes": self.holes}
+        return {"window": self.window, "filled": self.filled, "holes": self.holes,
+                **({"off": self.off} if self.off is not None else {})}
 
     @staticmethod
     def slot_bytes(width: int, dtype: torch.dtype, window: int = WINDOW) -> int:
