@@ -42,35 +42,54 @@
  * one-output tiles (Intel Xeon with AVX-512, one thread; inside the server the verify's linear layers
  * took 1.125x the decode step's); at 3 and 4 rows the NB-output tiles were as fast or faster. */
 #define STREAM_ROWS 2
+#define WIDE_R RW
 #else
 #define NB 2   /* 8 accumulators + 2 + 1 of the 16 registers */
 #define RMAX 4
-#define NBW 1  /* wide tiles: 1 x 8 accumulators + 1 + 1 */
+/* Wide tiles: 3 outputs by at most 4 rows of x, 12 accumulators + 3 of w + 1 of x, the 5 to 8 rows in
+ * two groups. The packed head's 8 draft rows per request at Llama-3.1-8B dims (4 requests of 3,072 x
+ * 4,096 floats, one thread, AMD EPYC Zen 3 with AVX2 only) took 1.86-1.92x one row in one group of 8
+ * rows and one output (9 loads for 8 FMAs; the 8 rows of x, 128 KB, read from L2 once per weight row)
+ * and 1.24-1.33x in 3 x 4 tiles, which read the tile's weight rows again from L2 for the second group
+ * (python -m nanospec.bench.head --rows-only --threads 1, three runs). */
+#define NBW 3
+#define WIDE_R RMAX
 /* Two rows through the same layers took 1.11-1.16x one row with these 2-output tiles and 1.14-1.20x as
  * one stream (AMD EPYC Zen 3 with AVX2 only, one and two threads; in the server the verify took
  * 1.03-1.05x the decode step against 1.09-1.21x): the tiles stay from 2 rows up. */
 #define STREAM_ROWS 1
 #endif
-/* Wide tiles: 5 to RW rows in one group, so a weight row is read once for all of them. In two groups
- * of 4 the second re-read the tile's weight rows, which at 4 x 4096 floats no longer sit in L1: the
- * packed draft head's 8 draft rows of a request (4096-wide, 3072 rows) took 2.0x one row, against
- * about 1x for 4 rows. */
+/* Wide tiles: 5 to RW rows, in groups of at most WIDE_R. With AVX-512, one group, so a weight row is read
+ * once for all of them: in two groups of 4 the second re-read the tile's weight rows, which at 4 x 4096
+ * floats no longer sit in L1, and the packed draft head's 8 draft rows of a request (4096-wide, 3072
+ * rows) took 2.0x one row, against about 1x for 4 rows. */
 #define RW 8
+#define PMAX (NB > NBW ? NB : NBW)  /* most outputs in a tile */
+
+/* How a tile prefetches the weight rows of the tile PF_TILES ahead: front to back, P lines per 16 floats
+ * of k; or each row at the same k as the tile's own rows (AVX2's wide tiles: 8 rows took 1.5-1.6x one
+ * row with the walk front to back in both groups, 1.3-1.4x with one stream per row in the first group
+ * only; Zen 3, Llama-3.1-8B head dims, a standalone C loop); or not at all (a later group of rows of a
+ * tile whose first group prefetched). */
+enum prefetch { PF_WALK, PF_ROWS, PF_NONE };
 
 /* y[r * N + i] = dot(w[i * K :], x[r * K :]) (+ b[i]) for i < P outputs, r < R rows; P and R are constants
  * where this is inlined. */
 static inline __attribute__((always_inline)) void tile(const float *w, const float *x, const float *b,
-                                                       float *y, long N, long K, int P, int R) {
-    vec a[NB][RW];
+                                                       float *y, long N, long K, int P, int R,
+                                                       enum prefetch pf) {
+    vec a[PMAX][RW];
     for (int i = 0; i < P; i++)
         for (int r = 0; r < R; r++)
             a[i][r] = vzero();
     long k = 0;
     for (; k + L <= K; k += L) {
-        vec wv[NB];
+        vec wv[PMAX];
         for (int i = 0; i < P; i++) {
-            if (k % 16 == 0)  /* P lines per 16 floats of k: the tile PF_TILES ahead, front to back */
+            if (k % 16 == 0 && pf == PF_WALK)
                 _mm_prefetch((const char *)(w + PF_TILES * P * K + P * k + i * 16), _MM_HINT_T1);
+            else if (k % 16 == 0 && pf == PF_ROWS)
+                _mm_prefetch((const char *)(w + PF_TILES * P * K + i * K + k), _MM_HINT_T1);
             wv[i] = vload(w + i * K + k);
         }
         for (int r = 0; r < R; r++) {
@@ -88,22 +107,25 @@ static inline __attribute__((always_inline)) void tile(const float *w, const flo
         }
 }
 
-#define CASE(P, R) case R: tile(wp, xg, bp, yp, N, K, P, R); break
+#define CASE(P, R) case R: tile(wp, xg, bp, yp, N, K, P, R, pf); break
 #define TILES(P) switch (R) { CASE(P, 1); CASE(P, 2); CASE(P, 3); CASE(P, 4); default: break; }
-#define WIDE(P) switch (R) { CASE(P, 5); CASE(P, 6); CASE(P, 7); CASE(P, 8); default: break; }
+#define WIDE(P) switch (R) { CASE(P, 1); CASE(P, 2); CASE(P, 3); CASE(P, 4); \
+                            CASE(P, 5); CASE(P, 6); CASE(P, 7); CASE(P, 8); default: break; }
 
 /* x [M, K], w [N, K], b [N] or NULL, y [M, N]; all row-major float32, no aliasing. */
 void nanospec_linear(const float *x, const float *w, const float *b, float *y, long M, long N, long K) {
-    /* 5 to RW rows: one group, wide tiles (see RW). Else the rows in the fewest groups of at most RMAX,
-     * as even as they go (9 rows: 3 + 3 + 3, not 4 + 4 + 1). */
-    int wide = M > RMAX && M <= RW;
-    long nb = wide ? NBW : NB, groups = wide ? 1 : (M + RMAX - 1) / RMAX, blocks = (N + nb - 1) / nb;
+    /* 5 to RW rows: wide tiles in groups of at most WIDE_R (see RW and NBW). Else NB-output tiles. The
+     * rows go in the fewest groups, as even as they go (9 rows: 3 + 3 + 3, not 4 + 4 + 1). */
+    int wide = M > RMAX && M <= RW, rows_pf = wide && WIDE_R < RW;
+    long rmax = wide ? WIDE_R : RMAX, nb = wide ? NBW : NB, groups = (M + rmax - 1) / rmax;
+    long blocks = (N + nb - 1) / nb;
     #pragma omp parallel for schedule(static)
     for (long blk = 0; blk < blocks; blk++) {
         long n0 = blk * nb;
         for (long g = 0, m = 0, R; g < groups; g++, m += R) {
             R = M / groups + (g < M % groups);
             const float *xg = x + m * K;
+            enum prefetch pf = !rows_pf ? PF_WALK : g == 0 ? PF_ROWS : PF_NONE;
             if (n0 + nb <= N && M > STREAM_ROWS) {
                 const float *wp = w + n0 * K, *bp = b ? b + n0 : 0;
                 float *yp = y + m * N + n0;
