@@ -20,19 +20,22 @@ from nanospec.stopwatch import Stopwatch
 
 
 def simulate(ctl: StepController, accept: list[float], cost, cycles: int, batch: int = 1,
-             seed: int = 0) -> list[int]:
+             seed: int = 0, catch_up: float = 0.0, totals: dict | None = None) -> list[int]:
     """Run ``cycles`` decode cycles the way the plugin drives the controller; returns the k of each.
-    accept[d]: acceptance of depth d+1 given depth d; cost(k): seconds of a k-step cycle. Checks that
-    no cycle drafts right after a cycle that skipped the draft's catch-up pass."""
+    accept[d]: acceptance of depth d+1 given depth d; cost(k): seconds of a k-step cycle; catch_up:
+    seconds a 0-step cycle adds when it runs the draft's catch-up pass; totals: filled with the tokens
+    emitted and the seconds taken. Checks that no cycle drafts right after a cycle that skipped the
+    draft's catch-up pass."""
     rng = random.Random(seed)
     ks = []
     behind = ctl.draft_behind
+    tokens = elapsed = 0.0
     for _ in range(cycles):
         k = ctl.get_steps_for_batch(batch)
         assert not (k > 0 and behind), "a cycle drafted from a skipped catch-up pass's stub"
         behind = ctl.skip_catch_up(k)
         ctl.launched(batch, k)
-        seconds = cost(k) * (1 + 0.02 * rng.random())
+        seconds = (cost(k) + (catch_up if k == 0 and not behind else 0.0)) * (1 + 0.02 * rng.random())
         if not ctl.caught_up:  # as the worker does: a catch-up cycle's time is not priced
             ctl.record("cycle", batch, k, seconds)
         counts = []
@@ -43,6 +46,9 @@ def simulate(ctl: StepController, accept: list[float], cost, cycles: int, batch:
             counts.append(n)
         ctl.on_verify_complete(counts, batch)
         ks.append(k)
+        tokens, elapsed = tokens + batch + sum(counts), elapsed + seconds
+    if totals is not None:
+        totals.update(tokens=tokens, seconds=elapsed)
     return ks
 
 
@@ -72,35 +78,20 @@ def test_controller_settles_on_the_step_count_with_most_tokens_per_second(accept
     assert tail.count(want) / len(tail) >= 0.85, (want, {k: tail.count(k) for k in candidates})
 
 
-def tokens_per_second(ctl: StepController, accept1: float, cost1: float, catch_up: float, cycles: int,
-                      seed: int) -> float:
-    """Tokens per simulated second of ``cycles`` decode cycles of one request with candidates 0 and 1: a
-    plain cycle costs 1, a 1-step cycle ``cost1`` and lands its draft token at rate ``accept1``, and a
-    plain cycle that runs the draft's catch-up pass (the one before drafting resumes) ``catch_up`` more."""
-    rng = random.Random(seed)
-    tokens = seconds = 0.0
-    for _ in range(cycles):
-        k = ctl.get_steps_for_batch(1)
-        skipped = ctl.skip_catch_up(k)
-        ctl.launched(1, k)
-        t = (cost1 if k else 1.0 + (0.0 if skipped else catch_up)) * rng.uniform(0.99, 1.01)
-        if not ctl.caught_up:
-            ctl.record("cycle", 1, k, t)
-        n = int(k == 1 and rng.random() < accept1)
-        ctl.on_verify_complete([n], 1)
-        tokens, seconds = tokens + 1 + n, seconds + t
-    return tokens / seconds
-
-
 @pytest.mark.parametrize("accept1", [0.03, 0.08, 0.12, 0.29, 0.40])
 def test_the_controller_keeps_within_two_percent_of_the_better_of_plain_decoding_and_drafting(accept1):
     # One draft step costs 1.09x a plain cycle and the catch-up pass 0.05 (Qwen2.5-Coder-0.5B on the
-    # CPU): drafting loses 5 % at a depth-1 acceptance of 0.03, ties near 0.09 and wins 29 % at 0.40.
+    # CPU): drafting loses 5 % at a depth-1 acceptance of 0.03, ties near 0.09 and wins 28 % at 0.40.
     # Warm-up, probes of the losing side and catch-up passes must cost little either way: the goal is
     # never to be slower than plain decoding where drafting cannot pay.
-    cost1, best = 1.09, max(1.0, (1 + accept1) / 1.09)
-    rates = [tokens_per_second(StepController({1: [0, 1]}, initial_steps=1), accept1, cost1, 0.05, 1000,
-                               seed) for seed in range(4)]
+    cost = lambda k: 1.09 if k else 1.0  # noqa: E731
+    best = max(1.0, (1 + accept1) / 1.09) / 1.01  # simulate's cycle times are 1 % high on average
+    rates = []
+    for seed in range(4):
+        totals: dict = {}
+        simulate(StepController({1: [0, 1]}, initial_steps=1), [accept1], cost, 1000, seed=seed,
+                 catch_up=0.05, totals=totals)
+        rates.append(totals["tokens"] / totals["seconds"])
     assert sum(rates) / len(rates) >= 0.98 * best, (rates, best)
 
 
