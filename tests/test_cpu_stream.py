@@ -87,3 +87,102 @@ def test_out_of_range_slots_or_candidates_raise_and_leave_the_state_unchanged():
             assert torch.equal(getattr(st, f), getattr(before, f)), f
     # A masked lane may hold anything.
     stream.extend(st, torch.tensor([0]), torch.tensor([[-3, 1]]), torch.tensor([[False, True]]))
+
+
+def twin_candidates(st: VocabState, reqs, tree, accept, lens, predict, logits, vocab, k, sources, t2d):
+    """Proposer.after_verify's tensor path up to the stream update."""
+    from nanospec import streams
+
+    batch, width = accept.shape
+    emitted, ok = streams.emitted_tokens(predict, lens, batch, width)
+    d_emit, d_ok = streams.to_draft_space(emitted, ok, t2d)
+    in_range = (d_emit >= 0) & (d_emit < st.vocab)
+    active = in_range & (st.col_of[reqs.long()[:, None], d_emit.clamp(0, st.vocab - 1)] >= 0)
+    stats = torch.stack([(st.w_max - st.nfree[reqs]).long(), ok.sum(1), (d_ok & active).sum(1)], dim=1)
+    cand, valid = streams.verify_candidates(draft_tokens=tree, accept_index=accept, logits=logits,
+                                            vocab=vocab, k_ver=k, emitted=emitted, emitted_valid=ok,
+                                            sources=sources)
+    cand, valid = streams.to_draft_space(cand, valid, t2d)
+    return cand, valid, stats
+
+
+@pytest.mark.parametrize("sources", ["full", "context"])
+@pytest.mark.parametrize("reduced", [False, True])
+def test_c_verify_candidates_equal_the_tensor_path(sources, reduced):
+    """Tree, top-k of each accepted row and emitted-token counts, with -1 padded paths, short accept
+    lengths, -1 tree entries and a reduced draft vocabulary whose map misses most target ids."""
+    rng = random.Random(7)
+    g = torch.Generator().manual_seed(7)
+    target_vocab, w = 300, 16
+    t2d = None
+    draft_vocab = target_vocab
+    if reduced:
+        hot = torch.randperm(target_vocab, generator=g)[:120]
+        t2d = torch.full((target_vocab,), -1, dtype=torch.long)
+        t2d[hot] = torch.arange(120)
+        draft_vocab = 120
+    st = started(4, draft_vocab, w, seed=11)
+    for step in range(200):
+        b, t, width, k = rng.randint(1, 4), rng.randint(1, 6), rng.randint(1, 4), rng.randint(1, 5)
+        reqs = torch.tensor(rng.sample(range(4), b))
+        tree = torch.randint(-1, target_vocab, (b * t,), generator=g)
+        accept = torch.randint(-1, b * t, (b, width), generator=g, dtype=torch.int32)
+        lens = torch.randint(0, width + 1, (b,), generator=g, dtype=torch.int32)
+        predict = torch.randint(0, target_vocab, (b * max(t, width),), generator=g, dtype=torch.int32)
+        logits = torch.randn(b * t, target_vocab + 5, generator=g)
+        vocab = target_vocab
+        args = (reqs, tree, accept, lens, predict, logits, vocab, k)
+        assert stream.candidates_usable(st, logits, k)
+        cand, valid, stats = stream.verify_candidates(
+            st, reqs=reqs, draft_tokens=tree, accept_index=accept, accept_lens=lens, predict=predict,
+            logits=logits, vocab=vocab, k_ver=k, context=sources == "context", t2d=t2d)
+        want_cand, want_valid, want_stats = twin_candidates(st, *args, sources, t2d)
+        assert torch.equal(valid, want_valid), step
+        assert torch.equal(cand[valid], want_cand[valid]), step
+        assert torch.equal(stats, want_stats), step
+        stream.extend(st, reqs, cand, valid)  # the next step sees another active vocabulary
+
+
+def test_c_verify_candidates_raise_on_rows_outside_the_logits():
+    st = started(2, 50, 8, seed=4)
+    logits = torch.randn(2, 50)
+    ok = dict(draft_tokens=torch.tensor([1, 2]), accept_lens=torch.tensor([1]), predict=torch.tensor([1, 2]),
+              logits=logits, vocab=50, k_ver=3, context=False, t2d=None)
+    with pytest.raises(IndexError, match="accepted row"):
+        stream.verify_candidates(st, reqs=torch.tensor([0]), accept_index=torch.tensor([[0, 2]]), **ok)
+    with pytest.raises(IndexError, match="slot"):
+        stream.verify_candidates(st, reqs=torch.tensor([2]), accept_index=torch.tensor([[0, 1]]), **ok)
+
+
+def test_a_verify_on_the_cpu_takes_its_candidates_from_the_c_kernel():
+    from nanospec.proposer import _native_candidates
+
+    st = started(1, 50, 8, seed=5)
+    assert _native_candidates(st, torch.randn(2, 50), 3) is stream
+    assert _native_candidates(st, torch.randn(2, 50, dtype=torch.float64), 3) is None  # the twin
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_c_gather_copies_the_rows_the_twin_copies(dtype):
+    from nanospec.kernels import torch_ops
+
+    g = torch.Generator().manual_seed(3)
+    weight = torch.randn(40, 24, generator=g).to(dtype)
+    got, want = torch.zeros(17, 24, dtype=dtype), torch.zeros(17, 24, dtype=dtype)
+    for _ in range(50):
+        dst = torch.randint(-1, 16, (2, 5), generator=g)  # -1: no row; the spare row 16 stays the twin's
+        src = torch.randint(0, 40, (2, 5), generator=g)
+        assert stream.gather_usable(weight, got, dst, src)
+        torch_ops.gather(weight, got, dst, src)
+        torch_ops.gather_twin(weight, want, dst, src)
+        assert torch.equal(got[:16], want[:16])
+
+
+def test_c_gather_raises_on_rows_outside_and_copies_nothing():
+    weight, packed = torch.randn(10, 4), torch.zeros(5, 4)
+    outside = ((torch.tensor([0, 5]), torch.tensor([1, 2])),    # packed row 5 of 5
+               (torch.tensor([0, 1]), torch.tensor([1, 10])))   # weight row 10 of 10
+    for dst, src in outside:
+        with pytest.raises(IndexError, match="nothing was copied"):
+            stream.gather_rows(weight, packed, dst, src)
+        assert not packed.any()

@@ -8,6 +8,7 @@
  * (state.col_dtype for W <= 32767; the caller keeps the twin otherwise).
  */
 #include <stdint.h>
+#include <string.h>
 
 #define CMAX 1024 /* candidates per request; the caller keeps the twin for more */
 
@@ -113,5 +114,100 @@ int nanospec_stream_extend(int16_t *col_of, int32_t *col_tok, int16_t *count, in
         gathered[r] += nn;
         for (long i = 0; i < C; i++) dst[i] = fresh[i] ? r * W + new_col[i] : -1;
     }
+    return 0;
+}
+
+#define TOPK_KMAX 64 /* topk.c's KMAX */
+int nanospec_topk(const float *x, long nrows, long stride, const int64_t *rows, long n, long vocab, long k,
+                  int64_t *out);
+
+/* A draft row for target id t: t itself without a map (t2d NULL), else t2d[t], -1 where there is none. */
+static inline int64_t draft_row(int64_t t, const int64_t *t2d, long n_t2d) {
+    if (!t2d) return t;
+    return t >= 0 && t < n_t2d ? t2d[t] : -1;
+}
+
+/* One verify's candidates and what it emitted, per request, before the streams' update: Proposer's
+ * tensor path (streams.emitted_tokens, verify_candidates and to_draft_space; DynamicVocab.contains and
+ * active_sizes) as one loop over each request's tree and accepted path, in place of about 40 tensor
+ * operations.
+ *
+ * Per request b (slot reqs[b]): tree [B * T] draft tokens, root first; accept [B * S1] rows of logits on
+ * the accepted path (-1 padded); accept_lens [B]; predict [B * P] verified tokens, accepted path first;
+ * logits [n_logits rows, stride floats apart]. Writes cand [B * C] / valid [B * C] with C = S1 (context:
+ * the emitted tokens) or T + S1 * k (the tree, then the top-k of each accepted row), in draft rows; and
+ * stats [B * 3]: active vocabulary size, tokens emitted, emitted tokens active. Entries with valid 0 hold
+ * 0 (the twin leaves other values there; no caller reads them). Returns 0, or -1 (nothing written)
+ * where the twin's indexing raises: a slot outside [0, R), an accepted row at or past n_logits, or k
+ * outside topk.c's range. */
+int nanospec_verify_candidates(const int64_t *reqs, const int64_t *tree, const int64_t *accept,
+                               const int64_t *accept_lens, const int64_t *predict, const float *logits,
+                               long n_logits, long stride, const int64_t *t2d, long n_t2d,
+                               const int16_t *col_of, const int32_t *nfree, long B, long T, long S1, long P,
+                               long vocab, long k, int context, long W, long V, long R, int64_t *cand,
+                               unsigned char *valid, int64_t *stats) {
+    const long C = context ? S1 : T + S1 * k;
+    if (!context && (k < 1 || k > TOPK_KMAX || k > vocab)) return -1;
+    for (long b = 0; b < B; b++)
+        if (reqs[b] < 0 || reqs[b] >= R) return -1;
+    for (long i = 0; i < B * S1; i++)
+        if (accept[i] >= n_logits) return -1;
+    for (long b = 0; b < B; b++) {
+        const int16_t *cof = col_of + reqs[b] * V;
+        int64_t *cd = cand + b * C;
+        unsigned char *ok = valid + b * C;
+        long emitted = 0, hits = 0;
+        for (long j = 0; j < S1; j++) {
+            if (j >= accept_lens[b]) continue;
+            const int64_t row = draft_row(predict[b * P + j], t2d, n_t2d);
+            emitted++;
+            hits += row >= 0 && row < V && cof[row] >= 0;
+        }
+        stats[b * 3] = W - nfree[reqs[b]];
+        stats[b * 3 + 1] = emitted;
+        stats[b * 3 + 2] = hits;
+        if (context) {
+            for (long j = 0; j < S1; j++) {
+                const int64_t row = j < accept_lens[b] ? draft_row(predict[b * P + j], t2d, n_t2d) : -1;
+                ok[j] = row >= 0;
+                cd[j] = row >= 0 ? row : 0;
+            }
+            continue;
+        }
+        for (long t = 0; t < T; t++) {
+            const int64_t tok = tree[b * T + t];
+            const int64_t row = tok >= 0 ? draft_row(tok, t2d, n_t2d) : -1;
+            ok[t] = row >= 0;
+            cd[t] = row >= 0 ? row : 0;
+        }
+        for (long j = 0; j < S1; j++) {
+            int64_t *top = cd + T + j * k;
+            unsigned char *top_ok = ok + T + j * k;
+            const int64_t at = accept[b * S1 + j];
+            if (at < 0) {
+                for (long i = 0; i < k; i++) top[i] = 0, top_ok[i] = 0;
+                continue;
+            }
+            if (nanospec_topk(logits, n_logits, stride, &at, 1, vocab, k, top)) return -1;
+            for (long i = 0; i < k; i++) {
+                const int64_t row = draft_row(top[i], t2d, n_t2d);
+                top_ok[i] = row >= 0;
+                top[i] = row >= 0 ? row : 0;
+            }
+        }
+    }
+    return 0;
+}
+
+/* torch_ops.gather on the CPU: packed row dst[i] = weight row src[i] for every dst[i] >= 0 (rows of
+ * row_bytes bytes; weight holds n_src rows, packed n_dst), in place of four tensor operations that
+ * run in every verify whether or not a row became active. Returns 0, or -1 (nothing written) for a
+ * row outside its array. */
+int nanospec_gather_rows(const char *weight, char *packed, const int64_t *dst, const int64_t *src, long n,
+                         long row_bytes, long n_src, long n_dst) {
+    for (long i = 0; i < n; i++)
+        if (dst[i] >= n_dst || (dst[i] >= 0 && (src[i] < 0 || src[i] >= n_src))) return -1;
+    for (long i = 0; i < n; i++)
+        if (dst[i] >= 0) memcpy(packed + dst[i] * row_bytes, weight + src[i] * row_bytes, row_bytes);
     return 0;
 }

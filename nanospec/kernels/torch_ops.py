@@ -115,7 +115,22 @@ def gather(weight: torch.Tensor, packed_flat: torch.Tensor, dst: torch.Tensor, s
     """packed_flat[dst[i]] = weight[src[i]] for every dst[i] >= 0.
 
     weight: [V, d]; packed_flat: [R * W + 1, d] (last row is the spare); dst, src: [...] int64.
+    On the CPU NanoSpec's C kernel copies the rows where it is built (nanospec/cpu/stream.py).
     """
+    if weight.device.type == "cpu":
+        try:
+            from nanospec.cpu import stream
+        except ImportError:
+            stream = None
+        if stream is not None and stream.gather_usable(weight, packed_flat, dst, src):
+            stream.gather_rows(weight, packed_flat, dst, src)
+            return
+    gather_twin(weight, packed_flat, dst, src)
+
+
+def gather_twin(weight: torch.Tensor, packed_flat: torch.Tensor, dst: torch.Tensor,
+                src: torch.Tensor) -> None:
+    """``gather`` in tensor operations (the C kernel's oracle)."""
     dst, src = dst.reshape(-1), src.reshape(-1)
     live = dst >= 0
     rows = weight.index_select(0, torch.where(live, src, 0))
