@@ -217,8 +217,28 @@ def _pool(rows=6, width=40, seed=0):
     return torch.randperm(rows * width, generator=g).view(rows, width).int(), g
 
 
+@pytest.fixture(params=["kernel", "torch"])
+def spec_path(request, monkeypatch):
+    """The KV-slot ops through spec.c, then through their tensor twins; yields the C calls made."""
+    if request.param == "kernel" and not native.available():
+        pytest.skip("the C kernels are not built on this host")
+    calls = []
+    if request.param == "torch":
+        monkeypatch.setattr(native, "available", lambda: False)
+    else:
+        lib = native.library()
+        for name in ("nanospec_kv_segments", "nanospec_fill_bonus"):
+            real = getattr(lib, name)
+            def counted(*a, _real=real, _name=name):
+                calls.append(_name)
+                return _real(*a)
+
+            monkeypatch.setattr(lib, name, counted)
+    return request.param, calls
+
+
 @pytest.mark.parametrize("bs", [1, 4])
-def test_assign_req_to_token_pool_and_extend_cache_locs_roundtrip(bs):
+def test_assign_req_to_token_pool_and_extend_cache_locs_roundtrip(bs, spec_path):
     req_to_token, g = _pool(seed=bs)
     rpi = torch.randperm(6, generator=g)[:bs]
     start = torch.randint(0, 10, (bs,), generator=g)
@@ -238,6 +258,22 @@ def test_assign_req_to_token_pool_and_extend_cache_locs_roundtrip(bs):
     ops_spec.assign_extend_cache_locs_cpu(rpi, got, start, end, out, got.shape[1])
     assert torch.equal(out[:total], locs)
     assert torch.equal(out[total:], torch.full((3,), -7))
+    assert spec_path[1] == (["nanospec_kv_segments"] * 2 if spec_path[0] == "kernel" else [])
+
+
+def test_kv_slot_kernel_rejects_a_range_outside_the_pool_and_writes_nothing():
+    if not native.available():
+        pytest.skip("the C kernels are not built on this host")
+    req_to_token, _ = _pool()
+    before = req_to_token.clone()
+    for rows, start, end in (([6], [0], [2]), ([0], [39], [41]), ([0], [-1], [1])):
+        with pytest.raises(IndexError, match="nothing was written"):
+            ops_spec.assign_req_to_token_pool_cpu(torch.tensor(rows), req_to_token, torch.tensor(start),
+                                                  torch.tensor(end), torch.arange(2), 40)
+        assert torch.equal(req_to_token, before)
+    with pytest.raises(IndexError, match="nothing was written"):  # 3 slots, 2 locations
+        ops_spec.assign_extend_cache_locs_cpu(torch.tensor([0]), req_to_token, torch.tensor([0]),
+                                              torch.tensor([3]), torch.zeros(2, dtype=torch.int64), 40)
 
 
 @pytest.mark.parametrize("bs,topk,steps", [(1, 1, 3), (4, 1, 5), (1, 4, 3), (4, 2, 4)])
@@ -261,14 +297,16 @@ def test_draft_cache_locs_and_decode_metadata(bs, topk, steps):
 
 
 @pytest.mark.parametrize("bs", [1, 4])
-def test_fill_bonus_tokens_and_accept_out_cache_loc(bs):
+def test_fill_bonus_tokens_and_accept_out_cache_loc(bs, spec_path):
     g = torch.Generator().manual_seed(bs)
     stride = 5
-    accept_tokens = torch.randint(0, 100, (bs, stride), generator=g)
     accept_lens = torch.randint(1, stride + 1, (bs,), generator=g).int()
-    bonus = torch.zeros(bs, dtype=torch.int32)
-    ops_spec.fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus, stride)
-    assert bonus.tolist() == [int(accept_tokens[b, accept_lens[b] - 1]) for b in range(bs)]
+    for dtype in (torch.int32, torch.int64):  # SGLang's verify output, then another dtype (the twin)
+        accept_tokens = torch.randint(0, 100, (bs, stride), generator=g).to(dtype)
+        bonus = torch.zeros(bs, dtype=torch.int32)
+        ops_spec.fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus, stride)
+        assert bonus.tolist() == [int(accept_tokens[b, accept_lens[b] - 1]) for b in range(bs)]
+    assert spec_path[1] == (["nanospec_fill_bonus"] if spec_path[0] == "kernel" else [])
 
     accept_index = torch.full((bs, stride), -1, dtype=torch.int32)
     for b in range(bs):

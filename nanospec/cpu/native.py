@@ -1,7 +1,7 @@
 """NanoSpec's C kernels for CPUs (gemv.c: few-row linear layers; attention.c: decode and verify attention;
 stream.c: the streams' decode-step update, a verify's candidates and the packed head's row copies;
-spec.c: greedy tree verification; topk.c: the k largest logits of a row), compiled into one library on
-first use and loaded with ctypes.
+spec.c: greedy tree verification and KV-slot bookkeeping; topk.c: the k largest logits of a row),
+compiled into one library on first use and loaded with ctypes.
 
 The sources are compiled with the system compiler (``$CC``, else ``cc``) the first time a process needs
 them, into ``$NANOSPEC_KERNEL_CACHE`` (default ``~/.cache/nanospec/kernels``), keyed by the sources, the
@@ -47,6 +47,8 @@ SIGNATURES = {
                                    + [_l] * 3 + [_p] * 3, ctypes.c_int),
     "nanospec_gather_rows": ([_p] * 4 + [_l] * 4, ctypes.c_int),
     "nanospec_verify_greedy": ([_p] * 8 + [_l] * 4, ctypes.c_int),
+    "nanospec_kv_segments": ([_p, _l, _l, _p, _p, _p, _l, _p, _l, ctypes.c_int], ctypes.c_int),
+    "nanospec_fill_bonus": ([_p, _l, _p, _p, _l, _l], ctypes.c_int),
     "nanospec_topk": ([_p, _l, _l, _p, _l, _l, _l, _p], ctypes.c_int),
 }
 

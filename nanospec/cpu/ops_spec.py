@@ -28,6 +28,27 @@ def _segments(req_pool_indices, start: torch.Tensor, end: torch.Tensor):
     return req_pool_indices.long()[:, None], cols, valid
 
 
+def _native_segments(req_pool_indices, req_to_token, start, end, locs, to_pool: bool) -> bool:
+    """Run one of the two segment copies below in spec.c (``nanospec_kv_segments``) where the kernels
+    are built and the tensors have SGLang's CPU dtypes (int32 pool, int64 indices and locations);
+    False: the caller runs its twin. Every decode and verify cycle runs one or both, plain cycles too:
+    the twins' tensor operations cost about 0.05 ms each."""
+    ins = (req_pool_indices, start, end, locs)
+    if not (req_to_token.dtype == torch.int32 and req_to_token.is_contiguous() and req_to_token.dim() == 2
+            and all(t.device.type == "cpu" and t.dtype == torch.int64 and t.is_contiguous() for t in ins)
+            and req_to_token.device.type == "cpu" and native.available()):
+        return False
+    rc = native.library().nanospec_kv_segments(
+        req_to_token.data_ptr(), req_to_token.shape[0], req_to_token.shape[1], req_pool_indices.data_ptr(),
+        start.data_ptr(), end.data_ptr(), req_pool_indices.numel(), locs.data_ptr(), locs.numel(),
+        int(to_pool))
+    if rc:
+        raise IndexError(f"KV slots: a pool row outside [0, {req_to_token.shape[0]}), a range outside "
+                         f"[0, {req_to_token.shape[1]}] or more than {locs.numel()} locations; nothing "
+                         "was written")
+    return True
+
+
 def assign_req_to_token_pool_cpu(
     req_pool_indices: torch.Tensor,
     req_to_token: torch.Tensor,
@@ -37,6 +58,8 @@ def assign_req_to_token_pool_cpu(
     pool_len: int,
 ) -> None:
     """``req_to_token[req_pool_indices[b], start[b]:end[b]] = out_cache_loc[packed range of b]``."""
+    if _native_segments(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, True):
+        return
     rows, cols, valid = _segments(req_pool_indices, start_offset, end_offset)
     if cols.numel() == 0:
         return
@@ -56,6 +79,8 @@ def assign_extend_cache_locs_cpu(
     pool_len: int,
 ) -> None:
     """``out_cache_loc[packed range of b] = req_to_token[req_pool_indices[b], start[b]:end[b]]``."""
+    if _native_segments(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, False):
+        return
     rows, cols, valid = _segments(req_pool_indices, start_offset, end_offset)
     if cols.numel() == 0:
         return
@@ -118,8 +143,19 @@ def build_draft_decode_metadata_cpu(
 def fill_bonus_tokens_cpu(
     accept_tokens: torch.Tensor, accept_lens: torch.Tensor, bonus_tokens: torch.Tensor, accept_stride: int
 ) -> None:
-    """``bonus_tokens[b] = accept_tokens.flat[accept_stride * b + accept_lens[b] - 1]``."""
+    """``bonus_tokens[b] = accept_tokens.flat[accept_stride * b + accept_lens[b] - 1]``; in spec.c where
+    the kernels are built and all three are contiguous int32 CPU tensors (SGLang's verify output)."""
     bs = accept_lens.numel()
+    ts = (accept_tokens, accept_lens, bonus_tokens)
+    if (all(t.device.type == "cpu" and t.dtype == torch.int32 and t.is_contiguous() for t in ts)
+            and bonus_tokens.numel() >= bs and native.available()):
+        rc = native.library().nanospec_fill_bonus(accept_tokens.data_ptr(), accept_tokens.numel(),
+                                                  accept_lens.data_ptr(), bonus_tokens.data_ptr(), bs,
+                                                  accept_stride)
+        if rc:
+            raise IndexError(f"fill_bonus_tokens: an accepted position outside [0, {accept_tokens.numel()}); "
+                             "nothing was written")
+        return
     idx = torch.arange(bs, device=accept_lens.device) * accept_stride + accept_lens.long() - 1
     bonus_tokens[:bs] = accept_tokens.reshape(-1)[idx].to(bonus_tokens.dtype)
 

@@ -40,3 +40,41 @@ int nanospec_verify_greedy(int32_t *predicts, int32_t *accept_index, int32_t *ac
     }
     return 0;
 }
+
+/* KV-slot bookkeeping of a decode or verify step, as one loop instead of the 6-10 tensor operations of
+ * ops_spec's twins: request b's range [start[b], end[b]) of req_to_token row reqs[b] ([R, L] int32)
+ * against its packed part of locs (int64, one request after another). to_pool: locs -> req_to_token
+ * (assign_req_to_token_pool), else req_to_token -> locs (assign_extend_cache_locs). Returns 0, or -1
+ * (nothing written) for a row outside [0, R), a range outside [0, L], or more entries than n_locs. */
+int nanospec_kv_segments(int32_t *req_to_token, long R, long L, const int64_t *reqs, const int64_t *start,
+                         const int64_t *end, long B, int64_t *locs, long n_locs, int to_pool) {
+    long total = 0;
+    for (long b = 0; b < B; b++) {
+        if (reqs[b] < 0 || reqs[b] >= R || start[b] < 0 || end[b] > L) return -1;
+        if (end[b] > start[b]) total += end[b] - start[b];
+    }
+    if (total > n_locs) return -1;
+    long k = 0;
+    for (long b = 0; b < B; b++) {
+        int32_t *row = req_to_token + reqs[b] * L;
+        for (int64_t c = start[b]; c < end[b]; c++, k++) {
+            if (to_pool)
+                row[c] = (int32_t)locs[k];
+            else
+                locs[k] = row[c];
+        }
+    }
+    return 0;
+}
+
+/* bonus[b] = tokens[stride * b + lens[b] - 1] (fill_bonus_tokens: the last accepted token of each
+ * request), int32 throughout. Returns 0, or -1 (nothing written) for an index outside [0, n_tokens). */
+int nanospec_fill_bonus(const int32_t *tokens, long n_tokens, const int32_t *lens, int32_t *bonus, long B,
+                        long stride) {
+    for (long b = 0; b < B; b++) {
+        const long i = stride * b + lens[b] - 1;
+        if (i < 0 || i >= n_tokens) return -1;
+    }
+    for (long b = 0; b < B; b++) bonus[b] = tokens[stride * b + lens[b] - 1];
+    return 0;
+}
