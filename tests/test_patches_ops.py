@@ -237,12 +237,13 @@ def spec_path(request, monkeypatch):
     return request.param, calls
 
 
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
 @pytest.mark.parametrize("bs", [1, 4])
-def test_assign_req_to_token_pool_and_extend_cache_locs_roundtrip(bs, spec_path):
+def test_assign_req_to_token_pool_and_extend_cache_locs_roundtrip(bs, index_dtype, spec_path):
     req_to_token, g = _pool(seed=bs)
-    rpi = torch.randperm(6, generator=g)[:bs]
-    start = torch.randint(0, 10, (bs,), generator=g)
-    end = start + torch.randint(0, 12, (bs,), generator=g)
+    rpi = torch.randperm(6, generator=g)[:bs].to(index_dtype)
+    start = torch.randint(0, 10, (bs,), generator=g).to(index_dtype)
+    end = start + torch.randint(0, 12, (bs,), generator=g).to(index_dtype)
     total = int((end - start).sum())
     locs = torch.randint(0, 10_000, (total,), generator=g)
     want = req_to_token.clone()

@@ -30,14 +30,17 @@ def _segments(req_pool_indices, start: torch.Tensor, end: torch.Tensor):
 
 def _native_segments(req_pool_indices, req_to_token, start, end, locs, to_pool: bool) -> bool:
     """Run one of the two segment copies below in spec.c (``nanospec_kv_segments``) where the kernels
-    are built and the tensors have SGLang's CPU dtypes (int32 pool, int64 indices and locations);
-    False: the caller runs its twin. Every decode and verify cycle runs one or both, plain cycles too:
-    the twins' tensor operations cost about 0.05 ms each."""
-    ins = (req_pool_indices, start, end, locs)
+    are built, the pool is SGLang's contiguous int32 CPU table and, when locs is written, it is
+    contiguous int64; False: the caller runs its twin. Every decode and verify cycle runs one or both,
+    plain cycles too: the twins' tensor operations cost about 0.05 ms each."""
+    tensors = (req_pool_indices, start, end, locs)
     if not (req_to_token.dtype == torch.int32 and req_to_token.is_contiguous() and req_to_token.dim() == 2
-            and all(t.device.type == "cpu" and t.dtype == torch.int64 and t.is_contiguous() for t in ins)
-            and req_to_token.device.type == "cpu" and native.available()):
+            and all(t.device.type == "cpu" and not t.is_floating_point() for t in (req_to_token, *tensors))
+            and (to_pool or (locs.dtype == torch.int64 and locs.is_contiguous())) and native.available()):
         return False
+    req_pool_indices, start, end = (t.reshape(-1).long().contiguous() for t in (req_pool_indices, start, end))
+    if to_pool:
+        locs = locs.reshape(-1).long().contiguous()
     rc = native.library().nanospec_kv_segments(
         req_to_token.data_ptr(), req_to_token.shape[0], req_to_token.shape[1], req_pool_indices.data_ptr(),
         start.data_ptr(), end.data_ptr(), req_pool_indices.numel(), locs.data_ptr(), locs.numel(),
