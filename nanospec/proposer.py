@@ -25,6 +25,7 @@ import torch
 
 from nanospec import streams
 from nanospec.config import NanoSpecConfig
+from nanospec.kernels import torch_ops
 from nanospec.policy import UnionEstimate, choose_head
 from nanospec.vocab import DynamicVocab
 
@@ -57,13 +58,8 @@ def capturing(t: torch.Tensor) -> bool:
 
 def _native_candidates(state, logits: torch.Tensor, k_ver: int):
     """nanospec.cpu.stream where its C kernel takes this verify (a CPU state and logits), else None."""
-    if logits.device.type != "cpu":
-        return None
-    try:
-        from nanospec.cpu import stream
-    except ImportError:
-        return None
-    return stream if stream.candidates_usable(state, logits, k_ver) else None
+    stream = torch_ops.cpu_stream(logits)
+    return stream if stream is not None and stream.candidates_usable(state, logits, k_ver) else None
 
 
 @dataclass(frozen=True)

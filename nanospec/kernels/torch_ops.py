@@ -34,15 +34,22 @@ def extend(st: VocabState, reqs: torch.Tensor, cand: torch.Tensor, valid: torch.
     return extend_twin(st, reqs, cand, valid)
 
 
-def _native_extend(st: VocabState, cand: torch.Tensor):
-    """nanospec.cpu.stream where it takes this update, else None (the twin runs)."""
-    if cand.device.type != "cpu":
+def cpu_stream(t: torch.Tensor):
+    """nanospec.cpu.stream (NanoSpec's C loops for the streams) when ``t`` is on the CPU and the module
+    imports, else None; each caller still asks the module whether its kernel takes the call."""
+    if t.device.type != "cpu":
         return None
     try:
         from nanospec.cpu import stream
     except ImportError:
         return None
-    return stream if stream.usable(st, cand) else None
+    return stream
+
+
+def _native_extend(st: VocabState, cand: torch.Tensor):
+    """nanospec.cpu.stream where it takes this update, else None (the twin runs)."""
+    stream = cpu_stream(cand)
+    return stream if stream is not None and stream.usable(st, cand) else None
 
 
 def extend_twin(st: VocabState, reqs: torch.Tensor, cand: torch.Tensor, valid: torch.Tensor):
@@ -117,14 +124,10 @@ def gather(weight: torch.Tensor, packed_flat: torch.Tensor, dst: torch.Tensor, s
     weight: [V, d]; packed_flat: [R * W + 1, d] (last row is the spare); dst, src: [...] int64.
     On the CPU NanoSpec's C kernel copies the rows where it is built (nanospec/cpu/stream.py).
     """
-    if weight.device.type == "cpu":
-        try:
-            from nanospec.cpu import stream
-        except ImportError:
-            stream = None
-        if stream is not None and stream.gather_usable(weight, packed_flat, dst, src):
-            stream.gather_rows(weight, packed_flat, dst, src)
-            return
+    stream = cpu_stream(weight)
+    if stream is not None and stream.gather_usable(weight, packed_flat, dst, src):
+        stream.gather_rows(weight, packed_flat, dst, src)
+        return
     gather_twin(weight, packed_flat, dst, src)
 
 
