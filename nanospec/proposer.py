@@ -128,6 +128,28 @@ class VerifyStats:
     hits: torch.Tensor
 
 
+def verify_candidates_twin(dv, *, reqs: torch.Tensor, draft_tokens: torch.Tensor, accept_index: torch.Tensor,
+                           accept_lens: torch.Tensor, predict: torch.Tensor, logits: torch.Tensor, vocab: int,
+                           k_ver: int, sources: str, t2d: torch.Tensor | None):
+    """One verify's candidates (in draft rows) and what it emitted, in tensor operations: the device
+    path of ``Proposer.after_verify`` and the oracle of nanospec.cpu.stream.verify_candidates.
+
+    dv: the ``DynamicVocab`` of slots reqs [B]; the other arguments as in ``after_verify``, plus the
+    target vocabulary size ``vocab`` and t2d [V_target] target id -> draft row (-1: none) or None.
+    Returns cands [B, C] int64, valid [B, C] bool and ``VerifyStats``. Fixed shapes, no host sync.
+    """
+    batch, width = accept_index.shape
+    emitted, ok = streams.emitted_tokens(predict, accept_lens, batch, width)
+    d_emit, d_ok = streams.to_draft_space(emitted, ok, t2d)
+    hit = d_ok & dv.contains(reqs, d_emit)
+    stats = VerifyStats(dv.active_sizes(reqs), ok.sum(1), hit.sum(1))
+    cands, valid = streams.verify_candidates(
+        draft_tokens=draft_tokens, accept_index=accept_index, logits=logits, vocab=vocab, k_ver=k_ver,
+        emitted=emitted, emitted_valid=ok, sources=sources)
+    cands, valid = streams.to_draft_space(cands, valid, t2d)
+    return cands, valid, stats
+
+
 class Proposer:
     """Draft proposals over per-request dynamic vocabularies for ``max_requests`` slots.
 
@@ -257,15 +279,10 @@ class Proposer:
                 context=self.cfg.sources == "context", t2d=self.t2d)
             stats = VerifyStats(counts[:, 0], counts[:, 1], counts[:, 2])
         else:
-            batch, width = accept_index.shape
-            emitted, ok = streams.emitted_tokens(predict, accept_lens, batch, width)
-            d_emit, d_ok = streams.to_draft_space(emitted, ok, self.t2d)
-            hit = d_ok & self.dv.contains(reqs, d_emit)
-            stats = VerifyStats(self.dv.active_sizes(reqs), ok.sum(1), hit.sum(1))
-            cands, valid = streams.verify_candidates(
-                draft_tokens=draft_tokens, accept_index=accept_index, logits=logits, vocab=vocab,
-                k_ver=self.cfg.k_ver, emitted=emitted, emitted_valid=ok, sources=self.cfg.sources)
-            cands, valid = streams.to_draft_space(cands, valid, self.t2d)
+            cands, valid, stats = verify_candidates_twin(
+                self.dv, reqs=reqs, draft_tokens=draft_tokens, accept_index=accept_index,
+                accept_lens=accept_lens, predict=predict, logits=logits, vocab=vocab, k_ver=self.cfg.k_ver,
+                sources=self.cfg.sources, t2d=self.t2d)
         self.dv.extend(reqs, cands, valid)
         self._probe_union(reqs)
         return stats

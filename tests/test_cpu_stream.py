@@ -9,9 +9,12 @@ import random
 import pytest
 import torch
 
+from nanospec.config import NanoSpecConfig
 from nanospec.cpu import native, stream
 from nanospec.kernels import torch_ops
+from nanospec.proposer import verify_candidates_twin
 from nanospec.state import VocabState, flat, start_request
+from nanospec.vocab import DynamicVocab
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="NanoSpec's C kernels are not built here")
 
@@ -89,21 +92,12 @@ def test_out_of_range_slots_or_candidates_raise_and_leave_the_state_unchanged():
     stream.extend(st, torch.tensor([0]), torch.tensor([[-3, 1]]), torch.tensor([[False, True]]))
 
 
-def twin_candidates(st: VocabState, reqs, tree, accept, lens, predict, logits, vocab, k, sources, t2d):
-    """Proposer.after_verify's tensor path up to the stream update."""
-    from nanospec import streams
-
-    batch, width = accept.shape
-    emitted, ok = streams.emitted_tokens(predict, lens, batch, width)
-    d_emit, d_ok = streams.to_draft_space(emitted, ok, t2d)
-    in_range = (d_emit >= 0) & (d_emit < st.vocab)
-    active = in_range & (st.col_of[reqs.long()[:, None], d_emit.clamp(0, st.vocab - 1)] >= 0)
-    stats = torch.stack([(st.w_max - st.nfree[reqs]).long(), ok.sum(1), (d_ok & active).sum(1)], dim=1)
-    cand, valid = streams.verify_candidates(draft_tokens=tree, accept_index=accept, logits=logits,
-                                            vocab=vocab, k_ver=k, emitted=emitted, emitted_valid=ok,
-                                            sources=sources)
-    cand, valid = streams.to_draft_space(cand, valid, t2d)
-    return cand, valid, stats
+def vocab_over(st: VocabState, n_req: int) -> DynamicVocab:
+    """A DynamicVocab whose state is ``st`` (what Proposer's tensor path reads)."""
+    dv = DynamicVocab(torch.zeros(st.vocab, 1), n_req, NanoSpecConfig(w_max=st.w_max), check_inputs=False,
+                      backend="torch")
+    dv.state = st
+    return dv
 
 
 @pytest.mark.parametrize("sources", ["full", "context"])
@@ -131,15 +125,16 @@ def test_c_verify_candidates_equal_the_tensor_path(sources, reduced):
         predict = torch.randint(0, target_vocab, (b * max(t, width),), generator=g, dtype=torch.int32)
         logits = torch.randn(b * t, target_vocab + 5, generator=g)
         vocab = target_vocab
-        args = (reqs, tree, accept, lens, predict, logits, vocab, k)
         assert stream.candidates_usable(st, logits, k)
         cand, valid, stats = stream.verify_candidates(
             st, reqs=reqs, draft_tokens=tree, accept_index=accept, accept_lens=lens, predict=predict,
             logits=logits, vocab=vocab, k_ver=k, context=sources == "context", t2d=t2d)
-        want_cand, want_valid, want_stats = twin_candidates(st, *args, sources, t2d)
+        want_cand, want_valid, want = verify_candidates_twin(
+            vocab_over(st, 4), reqs=reqs, draft_tokens=tree, accept_index=accept, accept_lens=lens,
+            predict=predict, logits=logits, vocab=vocab, k_ver=k, sources=sources, t2d=t2d)
         assert torch.equal(valid, want_valid), step
         assert torch.equal(cand[valid], want_cand[valid]), step
-        assert torch.equal(stats, want_stats), step
+        assert torch.equal(stats, torch.stack([want.active, want.emitted, want.hits], dim=1)), step
         stream.extend(st, reqs, cand, valid)  # the next step sees another active vocabulary
 
 

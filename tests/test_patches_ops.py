@@ -130,6 +130,8 @@ def ref_verify_greedy(candidates, ridx, rnext, rsib, target, S):
 
 
 TREE_CASES = [  # (bs, topk, steps, num_draft)
+    (1, 1, 1, 2),  # the controller's usual 1-step chain: an empty parent list
+    (3, 1, 1, 2),
     (1, 1, 3, 4),
     (4, 1, 5, 6),
     (1, 4, 3, 8),
@@ -140,7 +142,7 @@ TREE_CASES = [  # (bs, topk, steps, num_draft)
 
 @pytest.mark.parametrize("mode", [0, 1])
 @pytest.mark.parametrize("bs,topk,steps,D", TREE_CASES)
-def test_build_tree_matches_reference(bs, topk, steps, D, mode):
+def test_build_tree_matches_reference(bs, topk, steps, D, mode, spec_path):
     gen = torch.Generator().manual_seed(bs * 100 + topk * 10 + steps)
     for _ in range(3):
         parent_list, selected = make_draft_tree(bs, topk, steps, D, gen)
@@ -154,6 +156,21 @@ def test_build_tree_matches_reference(bs, topk, steps, D, mode):
         )
         for got, ref in zip((mask, positions, ridx, rnext, rsib), want, strict=True):
             assert torch.equal(got, ref)
+    assert spec_path[1] == (["nanospec_build_tree"] * 3 if spec_path[0] == "kernel" else [])
+
+
+def test_build_tree_kernel_rejects_a_parent_outside_the_list_and_writes_nothing():
+    if not native.available():
+        pytest.skip("the C kernels are not built on this host")
+    parent_list = torch.tensor([[-1, 0]])
+    selected = torch.tensor([[0, 5, 1]])  # 5 // 2 = column 2 of a 2-column parent list
+    mask = torch.ones(4 * 4 + 3 * 4, dtype=torch.bool)
+    positions = torch.full((4,), 7)
+    ridx, rnext, rsib = torch.full((3, 1, 4), -1, dtype=torch.long)
+    with pytest.raises(IndexError, match="parent column"):
+        ops_spec.build_tree_kernel_efficient_cpu(parent_list, selected, torch.tensor([3]), mask, positions,
+                                                 ridx, rnext, rsib, 2, 3, 4, 0)
+    assert mask.all() and (positions == 7).all() and (ridx == -1).all()
 
 
 VERIFY_PATHS = {"kernel": ops_spec.verify_tree_greedy_cpu, "torch": ops_spec.verify_tree_greedy_torch}
@@ -219,7 +236,7 @@ def _pool(rows=6, width=40, seed=0):
 
 @pytest.fixture(params=["kernel", "torch"])
 def spec_path(request, monkeypatch):
-    """The KV-slot ops through spec.c, then through their tensor twins; yields the C calls made."""
+    """The KV-slot and tree ops through spec.c, then through their tensor twins; yields the C calls made."""
     if request.param == "kernel" and not native.available():
         pytest.skip("the C kernels are not built on this host")
     calls = []
@@ -227,7 +244,7 @@ def spec_path(request, monkeypatch):
         monkeypatch.setattr(native, "available", lambda: False)
     else:
         lib = native.library()
-        for name in ("nanospec_kv_segments", "nanospec_fill_bonus"):
+        for name in ("nanospec_kv_segments", "nanospec_fill_bonus", "nanospec_build_tree"):
             real = getattr(lib, name)
             def counted(*a, _real=real, _name=name):
                 calls.append(_name)

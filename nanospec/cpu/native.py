@@ -49,6 +49,8 @@ SIGNATURES = {
     "nanospec_verify_greedy": ([_p] * 8 + [_l] * 4, ctypes.c_int),
     "nanospec_kv_segments": ([_p, _l, _l, _p, _p, _p, _l, _p, _l, ctypes.c_int], ctypes.c_int),
     "nanospec_fill_bonus": ([_p, _l, _p, _p, _l, _l], ctypes.c_int),
+    "nanospec_build_tree": ([_p, _l, _p, _l, _p, _p, _l] + [_p] * 4 + [_l] * 4 + [ctypes.c_int],
+                            ctypes.c_int),
     "nanospec_topk": ([_p, _l, _l, _p, _l, _l, _l, _p], ctypes.c_int),
 }
 

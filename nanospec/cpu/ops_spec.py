@@ -212,8 +212,53 @@ def build_tree_kernel_efficient_cpu(
     ``retrive_next_sibling[b, i]`` the next larger sibling; entries the kernel would not write keep
     their value (callers pre-fill -1). Mask rows (``tree_mask_mode`` 0 = FULL_MASK: ``seq_len + D``
     columns per row after the caller-filled prefix; 1 = QLEN_ONLY: ``D`` columns) mark the root and
-    every ancestor of a node, itself included; other tree columns are cleared.
+    every ancestor of a node, itself included; other tree columns are cleared. Runs in spec.c
+    (``nanospec_build_tree``) where the C kernels are built and the outputs are SGLang's contiguous
+    CPU tensors (bool mask, int64 positions and links); else ``build_tree_kernel_efficient_torch``,
+    the twin.
     """
+    outs = (positions, retrive_index, retrive_next_token, retrive_next_sibling)
+    bs, D = verified_seq_len.numel(), int(draft_token_num)
+    if (int(tree_mask_mode) in (0, 1) and native.available() and tree_mask.dtype == torch.bool
+            and all(t.device.type == "cpu" and t.is_contiguous() for t in (tree_mask, *outs))
+            and all(t.dtype == torch.int64 and t.numel() >= bs * D for t in outs)
+            and all(t.device.type == "cpu" for t in (parent_list, selected_index, verified_seq_len))):
+        if bs == 0:
+            return
+        parents = parent_list.reshape(bs, -1).long().contiguous()
+        sel = selected_index.reshape(bs, -1).long().contiguous()
+        seq = verified_seq_len.reshape(-1).long().contiguous()
+        rc = native.library().nanospec_build_tree(
+            parents.data_ptr(), parents.shape[1], sel.data_ptr(), sel.shape[1], seq.data_ptr(),
+            tree_mask.data_ptr(), tree_mask.numel(), *(t.data_ptr() for t in outs), bs, D, int(topk),
+            int(depth), int(tree_mask_mode))
+        if rc:
+            raise IndexError(f"build tree: a selected index below 0 or with a parent column outside the "
+                             f"{parents.shape[1]} of parent_list, fewer than {D - 1} selected columns, or "
+                             f"a mask of {tree_mask.numel()} entries too short for the rows; nothing was "
+                             "written")
+        return
+    build_tree_kernel_efficient_torch(parent_list, selected_index, verified_seq_len, tree_mask, positions,
+                                      retrive_index, retrive_next_token, retrive_next_sibling, topk, depth,
+                                      draft_token_num, tree_mask_mode)
+
+
+def build_tree_kernel_efficient_torch(
+    parent_list: torch.Tensor,
+    selected_index: torch.Tensor,
+    verified_seq_len: torch.Tensor,
+    tree_mask: torch.Tensor,
+    positions: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    topk: int,
+    depth: int,
+    draft_token_num: int,
+    tree_mask_mode: int,
+) -> None:
+    """``build_tree_kernel_efficient_cpu`` in tensor operations (other devices and dtypes, and the
+    bit-packed mask modes, which it refuses); the C kernel's oracle."""
     bs = verified_seq_len.numel()
     D = draft_token_num
     if bs == 0:

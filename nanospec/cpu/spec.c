@@ -78,3 +78,72 @@ int nanospec_fill_bonus(const int32_t *tokens, long n_tokens, const int32_t *len
     for (long b = 0; b < B; b++) bonus[b] = tokens[stride * b + lens[b] - 1];
     return 0;
 }
+
+/* First node p in [0, D - 1) of request row sel whose selected index equals tok, or -1. */
+static long tree_find(const int64_t *sel, long D, int64_t tok) {
+    for (long p = 0; p < D - 1; p++)
+        if (sel[p] == tok) return p;
+    return -1;
+}
+
+/* SGLang's build_tree_kernel_efficient as one loop per request, instead of the 30-odd tensor operations
+ * of ops_spec's twin (build_tree_kernel_efficient_torch), which cost about 1.4 ms in every drafting
+ * cycle inside a server: a 1-step chain's parent list is empty, which the twin's chain shortcut does
+ * not take. Node i (1..D-1) is sel[b, i - 1]; its parent is the root when sel // topk == 0, else the
+ * first node whose selected index equals parents[b, sel // topk]. Writes retrieval links (ridx, and
+ * rnext / rsib where a link exists: the rest keep their values), positions (seq_len + depth) and
+ * each mask row's tree part: the root and the node's ancestors up to `depth` levels, itself included,
+ * other tree columns cleared; mode 0 (FULL_MASK) rows are seq_len + D long with the caller's prefix
+ * left as is, mode 1 (QLEN_ONLY) rows D long. Returns 0, or -1 (nothing written) for a selected index
+ * below 0, a parent column outside [0, P), a seq_len below 0, fewer than D - 1 selected columns or a
+ * mask shorter than the rows. */
+int nanospec_build_tree(const int64_t *parents, long P, const int64_t *sel, long n_sel, const int64_t *seq_lens,
+                        uint8_t *mask, long n_mask, int64_t *positions, int64_t *ridx, int64_t *rnext,
+                        int64_t *rsib, long B, long D, long topk, long depth, int mode) {
+    if (D < 1 || topk < 1 || n_sel < D - 1 || (mode != 0 && mode != 1)) return -1;
+    long need = D * D * B;
+    for (long b = 0; b < B; b++) {
+        if (seq_lens[b] < 0) return -1;
+        if (mode == 0) need += seq_lens[b] * D;
+        for (long i = 0; i < D - 1; i++) {
+            const int64_t s = sel[b * n_sel + i], ptb = s / topk;
+            if (s < 0 || (ptb != 0 && ptb >= P)) return -1;
+        }
+    }
+    if (need > n_mask) return -1;
+    long prefix = 0;
+    for (long b = 0; b < B; b++) {
+        const int64_t *s = sel + b * n_sel, *par = parents + b * P, seq = seq_lens[b];
+        int64_t *rn = rnext + b * D, *rs = rsib + b * D;
+        positions[b * D] = seq;
+        for (long i = D - 1; i > 0; i--) {
+            ridx[b * D + i] = b * D + i;
+            const int64_t ptb = s[i - 1] / topk;
+            const long pos = ptb == 0 ? 0 : tree_find(s, D, par[ptb]) + 1; /* 0: not found */
+            if (ptb != 0 && pos == 0) continue;
+            const int64_t next = rn[pos];
+            rn[pos] = i;
+            if (next != -1) rs[i] = next;
+        }
+        ridx[b * D] = b * D;
+        for (long x = 0; x < D; x++) {
+            const long t = mode == 0 ? D * D * b + prefix * D + (seq + D) * x + seq + 1 : D * D * b + D * x + 1;
+            mask[t - 1] = 1;
+            for (long c = 0; c < D - 1; c++) mask[t + c] = 0;
+            if (x == 0) continue;
+            long cur = x - 1, level = 0;
+            for (long it = 0; it < depth; it++) {
+                level++;
+                mask[t + cur] = 1;
+                const int64_t ptb = s[cur] / topk;
+                if (ptb == 0) break;
+                const long up = tree_find(s, D, par[ptb]);
+                if (up < 0) break;
+                cur = up;
+            }
+            positions[b * D + x] = seq + level;
+        }
+        prefix += seq;
+    }
+    return 0;
+}
