@@ -132,6 +132,79 @@ def test_inside_a_decode_or_verify_pass_every_row_count_goes_to_the_kernel(monke
     assert ops_linear._CACHE not in odd.__dict__ and len(calls) == before
 
 
+@needs_kernel
+@pytest.mark.parametrize("n,k", [(1, 1), (7, 13), (200, 96), (1030, 577)])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 16])
+def test_kernel_with_bfloat16_weights_equals_the_float64_product_of_the_widened_ones(native_build, m, n, k):
+    torch.manual_seed(n * k + m)
+    layer, x = Layer(n, k, True), torch.randn(m, k)
+    w16 = layer.weight.to(torch.bfloat16)
+    got = gemv.linear(x, w16, layer.bias)
+    want = F.linear(x.double(), w16.double(), layer.bias.double())
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    # the same bits for a row alone and among others, as with float32 weights
+    assert torch.equal(got[m - 1:], gemv.linear(x[m - 1:], w16, layer.bias))
+
+
+@needs_kernel
+def test_a_marked_draft_layer_reads_a_bfloat16_copy_and_other_layers_float32(monkeypatch, gemv_chosen):
+    calls = []
+    real = gemv.linear
+    monkeypatch.setattr(gemv, "linear", lambda *a: calls.append(a[1].dtype) or real(*a))
+    monkeypatch.setenv(ops_linear.DRAFT_ENV, "bfloat16")
+    ops_linear.draft_bf16.cache_clear()
+    torch.manual_seed(3)
+    draft, target, x = Layer(300, 64, True), Layer(300, 64, True), torch.randn(2, 64)
+    assert ops_linear.mark_draft_layers([draft]) == 1
+    got = ops_linear.linear(draft, x, draft.weight, draft.bias)
+    torch.testing.assert_close(got, F.linear(x, draft.weight.to(torch.bfloat16).float(), draft.bias))
+    assert draft.weight.dtype == torch.float32  # the layer keeps its float32 weight for everything else
+    ops_linear.linear(target, x, target.weight, target.bias)
+    assert calls == [torch.bfloat16, torch.float32]
+    copy = draft.__dict__[ops_linear._BF16][1]
+    ops_linear.linear(draft, x, draft.weight, draft.bias)
+    assert draft.__dict__[ops_linear._BF16][1] is copy  # made once
+    with torch.no_grad():
+        draft.weight.mul_(2)  # a reload: the copy follows
+    torch.testing.assert_close(ops_linear.linear(draft, x, draft.weight, draft.bias),
+                               F.linear(x, draft.weight.to(torch.bfloat16).float(), draft.bias))
+    # a prefill-sized product keeps the float32 weight
+    big = torch.randn(ops_linear.MAX_ROWS + 1, 64)
+    torch.testing.assert_close(ops_linear.linear(draft, big, draft.weight, draft.bias),
+                               F.linear(big, draft.weight, draft.bias))
+    monkeypatch.setenv(ops_linear.DRAFT_ENV, "float32")
+    ops_linear.draft_bf16.cache_clear()
+    calls.clear()
+    ops_linear.linear(draft, x, draft.weight, draft.bias)
+    ops_linear.draft_bf16.cache_clear()
+    assert calls == [torch.float32]
+
+
+def test_the_model_runner_fix_marks_a_draft_runners_linear_layers_only(monkeypatch):
+    from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+
+    from nanospec.cpu import sglang_fixes
+
+    monkeypatch.setenv(ops_linear.DRAFT_ENV, "bfloat16")
+    ops_linear.draft_bf16.cache_clear()
+
+    def model():
+        linear, head = Layer(4, 4, False), Layer(4, 4, False)
+        linear.quant_method, head.quant_method = UnquantizedLinearMethod(), object()
+        return torch.nn.Sequential(linear, head)
+
+    mod = _fake_model_runner()
+    sglang_fixes._fix_model_runner(mod)
+    draft, target = mod.ModelRunner(), mod.ModelRunner()
+    draft.is_draft_worker, draft.model = True, model()
+    target.is_draft_worker, target.model = False, model()
+    for runner in (draft, target):
+        runner.forward(_batch("extend"))
+    marked = [bool(m.__dict__.get(ops_linear._DRAFT)) for r in (draft, target) for m in r.model]
+    ops_linear.draft_bf16.cache_clear()
+    assert marked == [True, False, False, False]
+
+
 def _fake_model_runner():
     """A stand-in for sglang.srt.model_executor.model_runner whose forward reports whether it ran
     inside ``ops_linear.decode_or_verify()``."""

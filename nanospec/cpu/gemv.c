@@ -73,11 +73,23 @@
  * tile whose first group prefetched). */
 enum prefetch { PF_WALK, PF_ROWS, PF_NONE };
 
-/* y[r * N + i] = dot(w[i * K :], x[r * K :]) (+ b[i]) for i < P outputs, r < R rows; P and R are constants
- * where this is inlined. */
-static inline __attribute__((always_inline)) void tile(const float *w, const float *x, const float *b,
+/* Weights are float32, or bfloat16 (bf = 1: a draft's layers stored at half the bytes, widened to
+ * float32 as they are loaded; the products and sums stay float32). bf is a constant where inlined. */
+static inline __attribute__((always_inline)) vec wvec(const void *w, long i, int bf) {
+    return bf ? vload_bf16((const unsigned short *)w + i) : vload((const float *)w + i);
+}
+static inline __attribute__((always_inline)) float wone(const void *w, long i, int bf) {
+    return bf ? bf16_to_f32(((const unsigned short *)w)[i]) : ((const float *)w)[i];
+}
+static inline __attribute__((always_inline)) const char *wat(const void *w, long i, int bf) {
+    return (const char *)w + i * (bf ? 2 : 4);
+}
+
+/* y[r * N + i] = dot(w[i * K :], x[r * K :]) (+ b[i]) for i < P outputs, r < R rows; P, R and bf are
+ * constants where this is inlined. */
+static inline __attribute__((always_inline)) void tile(const void *w, const float *x, const float *b,
                                                        float *y, long N, long K, int P, int R,
-                                                       enum prefetch pf) {
+                                                       enum prefetch pf, int bf) {
     vec a[PMAX][RW];
     for (int i = 0; i < P; i++)
         for (int r = 0; r < R; r++)
@@ -87,10 +99,10 @@ static inline __attribute__((always_inline)) void tile(const float *w, const flo
         vec wv[PMAX];
         for (int i = 0; i < P; i++) {
             if (k % 16 == 0 && pf == PF_WALK)
-                _mm_prefetch((const char *)(w + PF_TILES * P * K + P * k + i * 16), _MM_HINT_T1);
+                _mm_prefetch(wat(w, PF_TILES * P * K + P * k + i * 16, bf), _MM_HINT_T1);
             else if (k % 16 == 0 && pf == PF_ROWS)
-                _mm_prefetch((const char *)(w + PF_TILES * P * K + i * K + k), _MM_HINT_T1);
-            wv[i] = vload(w + i * K + k);
+                _mm_prefetch(wat(w, PF_TILES * P * K + i * K + k, bf), _MM_HINT_T1);
+            wv[i] = wvec(w, i * K + k, bf);
         }
         for (int r = 0; r < R; r++) {
             vec xv = vload(x + r * K + k);
@@ -102,41 +114,59 @@ static inline __attribute__((always_inline)) void tile(const float *w, const flo
         for (int r = 0; r < R; r++) {
             float s = sum8(half(a[i][r]));
             for (long t = k; t < K; t++)
-                s = __builtin_fmaf(w[i * K + t], x[r * K + t], s);
+                s = __builtin_fmaf(wone(w, i * K + t, bf), x[r * K + t], s);
             y[r * N + i] = b ? s + b[i] : s;
         }
 }
 
-#define CASE(P, R) case R: tile(wp, xg, bp, yp, N, K, P, R, pf); break
+#define CASE(P, R) case R: tile(wp, xg, bp, yp, N, K, P, R, pf, bf); break
 #define TILES(P) switch (R) { CASE(P, 1); CASE(P, 2); CASE(P, 3); CASE(P, 4); default: break; }
 #define WIDE(P) switch (R) { CASE(P, 1); CASE(P, 2); CASE(P, 3); CASE(P, 4); \
                             CASE(P, 5); CASE(P, 6); CASE(P, 7); CASE(P, 8); default: break; }
 
-/* x [M, K], w [N, K], b [N] or NULL, y [M, N]; all row-major float32, no aliasing. */
-void nanospec_linear(const float *x, const float *w, const float *b, float *y, long M, long N, long K) {
-    /* 5 to RW rows: wide tiles in groups of at most WIDE_R (see RW and NBW). Else NB-output tiles. The
-     * rows go in the fewest groups, as even as they go (9 rows: 3 + 3 + 3, not 4 + 4 + 1). */
-    int wide = M > RMAX && M <= RW, rows_pf = wide && WIDE_R < RW;
-    long rmax = wide ? WIDE_R : RMAX, nb = wide ? NBW : NB, groups = (M + rmax - 1) / rmax;
-    long blocks = (N + nb - 1) / nb;
-    #pragma omp parallel for schedule(static)
-    for (long blk = 0; blk < blocks; blk++) {
-        long n0 = blk * nb;
-        for (long g = 0, m = 0, R; g < groups; g++, m += R) {
-            R = M / groups + (g < M % groups);
-            const float *xg = x + m * K;
-            enum prefetch pf = !rows_pf ? PF_WALK : g == 0 ? PF_ROWS : PF_NONE;
-            if (n0 + nb <= N && M > STREAM_ROWS) {
-                const float *wp = w + n0 * K, *bp = b ? b + n0 : 0;
-                float *yp = y + m * N + n0;
-                if (wide) { WIDE(NBW) } else { TILES(NB) }
-            } else {
-                for (long n = n0; n < N && n < n0 + nb; n++) {
-                    const float *wp = w + n * K, *bp = b ? b + n : 0;
-                    float *yp = y + m * N + n;
-                    if (wide) { WIDE(1) } else { TILES(1) }
-                }
+/* 5 to RW rows: wide tiles in groups of at most WIDE_R (see RW and NBW). Else NB-output tiles. The rows go
+ * in the fewest groups, as even as they go (9 rows: 3 + 3 + 3, not 4 + 4 + 1). */
+static inline int wide_rows(long M) { return M > RMAX && M <= RW; }
+static inline long tile_outputs(long M) { return wide_rows(M) ? NBW : NB; }
+
+/* The outputs [blk * nb, (blk + 1) * nb) of every row. */
+static inline __attribute__((always_inline)) void block(const float *x, const void *w, const float *b,
+                                                        float *y, long M, long N, long K, long blk, int bf) {
+    int wide = wide_rows(M), rows_pf = wide && WIDE_R < RW;
+    long rmax = wide ? WIDE_R : RMAX, nb = tile_outputs(M), groups = (M + rmax - 1) / rmax;
+    long n0 = blk * nb;
+    for (long g = 0, m = 0, R; g < groups; g++, m += R) {
+        R = M / groups + (g < M % groups);
+        const float *xg = x + m * K;
+        enum prefetch pf = !rows_pf ? PF_WALK : g == 0 ? PF_ROWS : PF_NONE;
+        if (n0 + nb <= N && M > STREAM_ROWS) {
+            const void *wp = wat(w, n0 * K, bf);
+            const float *bp = b ? b + n0 : 0;
+            float *yp = y + m * N + n0;
+            if (wide) { WIDE(NBW) } else { TILES(NB) }
+        } else {
+            for (long n = n0; n < N && n < n0 + nb; n++) {
+                const void *wp = wat(w, n * K, bf);
+                const float *bp = b ? b + n : 0;
+                float *yp = y + m * N + n;
+                if (wide) { WIDE(1) } else { TILES(1) }
             }
         }
     }
+}
+
+/* x [M, K], w [N, K], b [N] or NULL, y [M, N]; all row-major float32, no aliasing. */
+void nanospec_linear(const float *x, const float *w, const float *b, float *y, long M, long N, long K) {
+    long blocks = (N + tile_outputs(M) - 1) / tile_outputs(M);
+    #pragma omp parallel for schedule(static)
+    for (long blk = 0; blk < blocks; blk++) block(x, w, b, y, M, N, K, blk, 0);
+}
+
+/* The same with w [N, K] bfloat16: every y[m, n] is the float32 product with the widened weights, summed
+ * in the order above. */
+void nanospec_linear_bf16(const float *x, const unsigned short *w, const float *b, float *y, long M, long N,
+                          long K) {
+    long blocks = (N + tile_outputs(M) - 1) / tile_outputs(M);
+    #pragma omp parallel for schedule(static)
+    for (long blk = 0; blk < blocks; blk++) block(x, w, b, y, M, N, K, blk, 1);
 }

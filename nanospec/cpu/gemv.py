@@ -25,11 +25,12 @@ def available() -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [M, K] float32 @ weight [N, K].T (+ bias [N]) -> [M, N] float32, M small (the kernel re-reads x
-    for every output); every tensor contiguous on the CPU (the caller checks; ``available()`` must be
-    true)."""
+    for every output); weight float32, or bfloat16 (widened to float32 as it is read; half the bytes
+    to read); every tensor contiguous on the CPU (the caller checks; ``available()`` must be true)."""
     m, k = x.shape
     n = weight.shape[0]
     out = torch.empty(m, n, dtype=torch.float32)
-    native.library().nanospec_linear(x.data_ptr(), weight.data_ptr(),
-                                     None if bias is None else bias.data_ptr(), out.data_ptr(), m, n, k)
+    lib = native.library()
+    fn = lib.nanospec_linear_bf16 if weight.dtype == torch.bfloat16 else lib.nanospec_linear
+    fn(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(), m, n, k)
     return out

@@ -39,6 +39,7 @@ _p, _l = ctypes.c_void_p, ctypes.c_long
 # name: (argument types, result type)
 SIGNATURES = {
     "nanospec_linear": ([_p] * 4 + [_l] * 3, None),
+    "nanospec_linear_bf16": ([_p] * 4 + [_l] * 3, None),
     "nanospec_attention": ([_p, _l, _p, _l, _p, _l, _p, _p, _p, _l, _p, _l, _l, _p, _p, _p, _l, _l, _p, _l,
                             ctypes.c_int, _l, _p, _l, _l, _l, _l, _l, ctypes.c_float, ctypes.c_float, _l],
                            ctypes.c_int),

@@ -14,6 +14,13 @@ target-verify, through NanoSpec's own kernel, nanospec/cpu/gemv.py, where it bui
 The kernel sums each output in one order for any row count, so a verify gives the logits of the decode
 step bit for bit and an exact tie (penalties can make one) is broken the same way in both; with
 ``onednn`` a batch of over ``MAX_ROWS`` rows goes to MKL, which sums in another order.
+
+``NANOSPEC_CPU_DRAFT_WEIGHTS``: ``bfloat16`` (default) or ``float32``. A speculative draft's layers run
+every cycle and, a few rows at a time, are bound by reading their weights (69 MB for Qwen2.5-Coder's
+one-layer EAGLE-3 draft); with ``bfloat16`` the kernel reads a bfloat16 copy of each linear layer of a
+draft model (``mark_draft_layers``; its LM head and embeddings keep float32), half the bytes, widened to
+float32 as it is loaded. The draft proposes slightly different tokens; the target verifies them as
+before, so outputs are unchanged. Prefill-sized products keep the float32 weight.
 """
 
 from __future__ import annotations
@@ -28,6 +35,10 @@ from nanospec.cpu import gemv, switch
 
 ENV = "NANOSPEC_CPU_LINEAR"
 MODES = ("gemv", "onednn", "mkl")
+DRAFT_ENV = "NANOSPEC_CPU_DRAFT_WEIGHTS"
+DRAFT_MODES = ("bfloat16", "float32")
+_DRAFT = "_nanospec_draft_layer"  # set on a draft model's linear layers by mark_draft_layers
+_BF16 = "_nanospec_bf16_weight"
 # Row count oneDNN picks its weight layout for; 4 was fastest from 1 to 16 rows (docs/cpu.md).
 ROWS_HINT = 4
 _CACHE = "_nanospec_onednn_weight"
@@ -73,6 +84,36 @@ def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and weight.layout == torch.strided and x.shape[-1] == weight.shape[1])
 
 
+@functools.cache
+def draft_bf16() -> bool:
+    """Whether a draft model's linear layers take the kernel with bfloat16 weights (``DRAFT_ENV``)."""
+    return switch.choice(DRAFT_ENV, DRAFT_MODES) == "bfloat16"
+
+
+def mark_draft_layers(layers) -> int:
+    """Mark ``layers`` (a draft model's linear layers) for bfloat16 weights in the kernel; returns how
+    many were marked."""
+    n = 0
+    for layer in layers:
+        layer.__dict__[_DRAFT] = True
+        n += 1
+    return n
+
+
+def kernel_weight(owner: object, weight: torch.Tensor) -> torch.Tensor:
+    """The weight the kernel reads for ``owner``'s product: a bfloat16 copy of ``weight`` [N, K], kept
+    on the layer and made again when the weight changes, for a marked draft layer when ``draft_bf16()``;
+    else ``weight``."""
+    if not (owner.__dict__.get(_DRAFT) and draft_bf16()):
+        return weight
+    key = (weight.data_ptr(), weight._version)
+    cached = owner.__dict__.get(_BF16)
+    if cached is None or cached[0] != key:
+        cached = (key, weight.detach().to(torch.bfloat16).contiguous())
+        owner.__dict__[_BF16] = cached
+    return cached[1]
+
+
 def packed_weight(owner: object, weight: torch.Tensor) -> torch.Tensor:
     """oneDNN's reordered copy of weight [N, K], cached on ``owner`` (the layer) and made again when
     the weight's storage or version changes (a weight reload)."""
@@ -87,7 +128,8 @@ def packed_weight(owner: object, weight: torch.Tensor) -> torch.Tensor:
 
 def linear(owner: object, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [..., K] float32 @ weight [N, K].T (+ bias [N]) -> [..., N] float32: up to ``MAX_ROWS`` rows
-    (any number inside ``decode_or_verify()``) through gemv.py where ``gemv_on()``, else up to
+    (any number inside ``decode_or_verify()``) through gemv.py where ``gemv_on()`` (with
+    ``kernel_weight``: bfloat16 for a marked draft layer), else up to
     ``MAX_ROWS`` rows through the prepacked copy of ``weight`` kept on ``owner``; more through
     ``F.linear``."""
     kernel = (gemv_on() and weight.is_contiguous()
@@ -99,6 +141,6 @@ def linear(owner: object, x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     if rows.shape[0] == 0:
         return x.new_empty(*x.shape[:-1], weight.shape[0])
     if kernel:
-        return gemv.linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
+        return gemv.linear(rows, kernel_weight(owner, weight), bias).view(*x.shape[:-1], weight.shape[0])
     out = torch.ops.mkldnn._linear_pointwise(rows, packed_weight(owner, weight), bias, "none", [], "")
     return out.view(*x.shape[:-1], weight.shape[0])

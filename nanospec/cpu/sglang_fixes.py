@@ -268,11 +268,30 @@ def _fix_allocation(mod) -> None:
     _install(mod, "get_last_loc", get_last_loc)
 
 
+def _mark_draft_layers(runner) -> None:
+    """A draft model runner's linear layers (``UnquantizedLinearMethod``: attention and MLP
+    projections; not its LM head or embeddings, whose cost is what the speculative methods differ in)
+    take bfloat16 weights in NanoSpec's kernel (``ops_linear.draft_bf16``), for EAGLE/EAGLE3 and
+    NANOSPEC drafts alike."""
+    from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+
+    from nanospec.cpu import ops_linear
+
+    model = getattr(runner, "model", None)
+    if model is None or not ops_linear.draft_bf16():
+        return
+    n = ops_linear.mark_draft_layers(
+        m for m in model.modules() if isinstance(getattr(m, "quant_method", None), UnquantizedLinearMethod))
+    logging.getLogger(__name__).info("NanoSpec CPU: %d linear layers of the draft model read bfloat16 "
+                                     "weights (%s=float32 keeps float32)", n, ops_linear.DRAFT_ENV)
+
+
 def _fix_model_runner(mod) -> None:
     """sglang/srt/model_executor/model_runner.py (0.5.23) ``ModelRunner.forward``: run decode and
     target-verify passes inside ``ops_linear.decode_or_verify()``, so that with gemv.py on their linear
     layers all take the kernel (one summation order per output whatever the row count) and a verify
-    gives the logits of plain decoding bit for bit, also in batches of over ``ops_linear.MAX_ROWS`` rows.
+    gives the logits of plain decoding bit for bit, also in batches of over ``ops_linear.MAX_ROWS`` rows;
+    at a draft runner's first pass, mark its linear layers for bfloat16 weights (``_mark_draft_layers``).
     Not a defect; with NANOSPEC_PROFILE_OPS also times every forward pass, target and draft, in total
     ("forward") and by model and mode ("forward:target:DECODE", "forward:draft:DRAFT_EXTEND", ...)."""
     import functools
@@ -285,6 +304,9 @@ def _fix_model_runner(mod) -> None:
 
     @functools.wraps(original)
     def forward(self, forward_batch, *args, **kwargs):
+        if getattr(self, "is_draft_worker", False) and not self.__dict__.get("_nanospec_marked"):
+            self.__dict__["_nanospec_marked"] = True
+            _mark_draft_layers(self)
         mode = getattr(forward_batch, "forward_mode", None)
         if mode is not None and (mode.is_decode() or mode.is_target_verify()) and ops_linear.gemv_on():
             with ops_linear.decode_or_verify():

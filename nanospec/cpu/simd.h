@@ -22,6 +22,11 @@ static inline __m256 half(__m512 v) {
     __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
     return _mm256_add_ps(_mm512_castps512_ps256(v), hi);
 }
+/* L bfloat16 values widened to float32 (exact: a bfloat16 is a float32's upper 16 bits). */
+static inline __m512 vload_bf16(const unsigned short *p) {
+    __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+}
 #else
 typedef __m256 vec;
 #define L 8
@@ -36,7 +41,17 @@ typedef __m256 vec;
 #define vmax _mm256_max_ps
 #define vmin _mm256_min_ps
 static inline __m256 half(__m256 v) { return v; }
+static inline __m256 vload_bf16(const unsigned short *p) {
+    __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+}
 #endif
+
+/* One bfloat16 widened to float32. */
+static inline float bf16_to_f32(unsigned short h) {
+    union { unsigned int u; float f; } v = {(unsigned int)h << 16};
+    return v.f;
+}
 
 /* A fixed horizontal sum of 8 lanes. */
 static inline float sum8(__m256 v) {
