@@ -128,9 +128,10 @@ class VerifyStats:
     hits: torch.Tensor
 
 
-def verify_candidates_twin(dv, *, reqs: torch.Tensor, draft_tokens: torch.Tensor, accept_index: torch.Tensor,
-                           accept_lens: torch.Tensor, predict: torch.Tensor, logits: torch.Tensor, vocab: int,
-                           k_ver: int, sources: str, t2d: torch.Tensor | None):
+def verify_candidates_twin(dv: DynamicVocab, *, reqs: torch.Tensor, draft_tokens: torch.Tensor,
+                           accept_index: torch.Tensor, accept_lens: torch.Tensor, predict: torch.Tensor,
+                           logits: torch.Tensor, vocab: int, k_ver: int, sources: str,
+                           t2d: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, VerifyStats]:
     """One verify's candidates (in draft rows) and what it emitted, in tensor operations: the device
     path of ``Proposer.after_verify`` and the oracle of nanospec.cpu.stream.verify_candidates.
 
