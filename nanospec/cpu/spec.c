@@ -112,17 +112,20 @@ int nanospec_build_tree(const int64_t *parents, long P, const int64_t *sel, long
     }
     if (need > n_mask) return -1;
     long prefix = 0;
+    long up[D]; /* parent node of each node: 0 the root, -1 none found (node 0: unused) */
     for (long b = 0; b < B; b++) {
         const int64_t *s = sel + b * n_sel, *par = parents + b * P, seq = seq_lens[b];
         int64_t *rn = rnext + b * D, *rs = rsib + b * D;
-        positions[b * D] = seq;
+        for (long i = 1; i < D; i++) {
+            const int64_t ptb = s[i - 1] / topk;
+            const long p = ptb == 0 ? 0 : tree_find(s, D, par[ptb]);
+            up[i] = ptb == 0 ? 0 : p < 0 ? -1 : p + 1;
+        }
         for (long i = D - 1; i > 0; i--) {
             ridx[b * D + i] = b * D + i;
-            const int64_t ptb = s[i - 1] / topk;
-            const long pos = ptb == 0 ? 0 : tree_find(s, D, par[ptb]) + 1; /* 0: not found */
-            if (ptb != 0 && pos == 0) continue;
-            const int64_t next = rn[pos];
-            rn[pos] = i;
+            if (up[i] < 0) continue;
+            const int64_t next = rn[up[i]];
+            rn[up[i]] = i;
             if (next != -1) rs[i] = next;
         }
         ridx[b * D] = b * D;
@@ -130,16 +133,12 @@ int nanospec_build_tree(const int64_t *parents, long P, const int64_t *sel, long
             const long t = mode == 0 ? D * D * b + prefix * D + (seq + D) * x + seq + 1 : D * D * b + D * x + 1;
             mask[t - 1] = 1;
             for (long c = 0; c < D - 1; c++) mask[t + c] = 0;
-            if (x == 0) continue;
-            long cur = x - 1, level = 0;
-            for (long it = 0; it < depth; it++) {
+            long node = x, level = 0;
+            for (long it = 0; x > 0 && it < depth; it++) {
                 level++;
-                mask[t + cur] = 1;
-                const int64_t ptb = s[cur] / topk;
-                if (ptb == 0) break;
-                const long up = tree_find(s, D, par[ptb]);
-                if (up < 0) break;
-                cur = up;
+                mask[t + node - 1] = 1;
+                if (up[node] <= 0) break; /* the root, or no parent found */
+                node = up[node];
             }
             positions[b * D + x] = seq + level;
         }
