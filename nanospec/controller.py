@@ -41,7 +41,10 @@ leaves the draft behind like a skipped catch-up pass; a request's first token th
 without a draft. A draft that never saw a request's prompt accepts less for that request than it would,
 so probes on such a request would make drafting look worse than it is and keep the bucket at 0: its
 verify results are not counted, and one prefill in ``scout_every`` into a settled bucket still runs
-warm, so the probes keep measuring what a draft that saw its prompt accepts.
+warm, so the probes keep measuring what a draft that saw its prompt accepts. Every prefill runs warm
+while drafting is expected within ``scout_near`` of plain decoding's speed: there the probes' next
+few results can reverse the choice, and with three prefills in four cold the estimate stood still for
+two whole requests of a draft that paid (docs/results.md).
 
 The class speaks SGLang's ``AdaptiveSpecPolicy`` protocol (``candidate_steps``, ``set_cuda_graph_bs``,
 ``get_steps_for_batch``, ``on_verify_complete``, ``cuda_graph_bs_for_step``) so SGLang's own
@@ -77,7 +80,10 @@ class ControllerConfig:
     outlier: cap of one cycle time, in multiples of its expected time. cold_plain: 0-step cycles skip
     the draft's catch-up pass, and prefills into a bucket settled on 0 steps skip the target's top-K_pre
     and the draft's prefill pass (module docstring). scout_every: with cold_plain, one such prefill in
-    this many still runs warm (1: all run warm)."""
+    this many still runs warm (1: all run warm). scout_near: with cold_plain, every such prefill runs
+    warm while the bucket's best drafting candidate is expected at least (1 - scout_near) times as fast
+    as plain decoding (0: only the scouts), since a warm prefill costs about 2 % of a 128-token
+    answer here, about what being wrong about such a near-tie costs."""
 
     keep: float = 0.98
     cost_alpha: float = 0.2
@@ -89,6 +95,7 @@ class ControllerConfig:
     outlier: float = 1.5
     cold_plain: bool = True
     scout_every: int = 4
+    scout_near: float = 0.03
 
     def __post_init__(self) -> None:
         if not isinstance(self.cold_plain, bool):
@@ -103,6 +110,8 @@ class ControllerConfig:
             raise ValueError("controller warmup_cycles must be >= 1, margin and probe_every >= 0")
         if not isinstance(self.scout_every, int) or self.scout_every < 1:
             raise ValueError(f"controller scout_every must be an integer >= 1, got {self.scout_every!r}")
+        if not 0.0 <= self.scout_near < 1.0:
+            raise ValueError(f"controller scout_near must lie in [0, 1), got {self.scout_near!r}")
         if not self.outlier > 1.0:
             raise ValueError(f"controller outlier must be > 1, got {self.outlier}")
 
@@ -290,14 +299,15 @@ class StepController:
         """Called before each prefill with the number of requests that decode once its requests join:
         True when the prefill skips the target's top-K_pre and the draft's prefill pass, because that
         bucket has timed every candidate and chose 0 steps (with ``cold_plain``), except one prefill
-        in ``scout_every``. The draft is then behind, so a cycle with the catch-up pass runs before
-        any cycle drafts."""
+        in ``scout_every`` and any while drafting is a near-tie (``scout_near``). The draft is then
+        behind, so a cycle with the catch-up pass runs before any cycle drafts."""
         b = self.buckets[self.route(batch_size)]
         need = self.config.warmup_cycles + 1
         settled = (self.config.cold_plain and b.choice == 0 and b.pending is None
                    and all(b.timed[k] >= need for k in b.candidates))
         b.settled_prefills = b.settled_prefills + 1 if settled else 0
-        cold = settled and b.settled_prefills % self.config.scout_every != 0
+        cold = (settled and b.settled_prefills % self.config.scout_every != 0
+                and not self.drafting_near(b, self.config.scout_near))
         if cold:
             self.draft_behind = True
             self.cold_prefills += 1
@@ -420,6 +430,13 @@ class StepController:
                 b.probes += 1
                 return k
         return b.choice
+
+    def drafting_near(self, b: Bucket, within: float) -> bool:
+        """Whether a drafting candidate of ``b`` is expected at least (1 - within) times as fast as
+        plain decoding (False while either is untimed)."""
+        r = self.rates(b)
+        drafting = [v for k, v in r.items() if k > 0 and v is not None]
+        return r.get(0) is not None and bool(drafting) and max(drafting) >= (1 - within) * r[0]
 
     def overdue(self, b: Bucket, rates: dict[int, float | None], k: int, period: int) -> float:
         """Priced cycles since candidate k was last timed, in units of its probe period: ``period``

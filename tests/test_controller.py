@@ -5,6 +5,7 @@ accepted at a known rate."""
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
@@ -288,6 +289,30 @@ def test_one_settled_prefill_in_scout_every_runs_warm_and_only_warm_requests_tea
     assert not any(every.cold_prefill(1) for _ in range(4))
 
 
+def test_a_near_tie_with_plain_decoding_runs_every_settled_prefill_warm():
+    # The README demo's lock-in: settled on 0 steps with a 1-step cycle 1-2 % behind, three prefills in
+    # four ran cold, their probes taught nothing, and the estimate stood still for two requests.
+    ctl = StepController({1: [0, 1]}, initial_steps=1, config=ControllerConfig(probe_every=0))
+    simulate(ctl, [0.01], lambda k: 1.0 + 0.5 * k, 40)
+    b = ctl.buckets[1]
+    e1 = expected_tokens(ctl.acceptance(b), 1)
+
+    def drafting_at(ratio: float) -> None:  # price a 1-step cycle at ``ratio`` times plain's speed
+        b.rel_cost[1] = b.rel_cost[0] + math.log(e1 / ratio)
+
+    drafting_at(0.99)
+    assert ctl.choose(b) == 0  # still plain decoding
+    assert not any(ctl.cold_prefill(1) for _ in range(8))
+    drafting_at(0.95)  # clearly behind: only the scouts run warm
+    assert [ctl.cold_prefill(1) for _ in range(4)] == [True, True, True, False]
+    scouts_only = StepController({1: [0, 1]}, initial_steps=1,
+                                 config=ControllerConfig(probe_every=0, scout_near=0.0))
+    simulate(scouts_only, [0.01], lambda k: 1.0 + 0.5 * k, 40)
+    sb = scouts_only.buckets[1]
+    sb.rel_cost[1] = sb.rel_cost[0] + math.log(expected_tokens(scouts_only.acceptance(sb), 1) / 0.99)
+    assert [scouts_only.cold_prefill(1) for _ in range(4)] == [True, True, True, False]
+
+
 def test_with_cold_plain_off_every_cycle_runs_the_drafts_catch_up():
     ctl = StepController({1: [0, 1]}, initial_steps=0, config=ControllerConfig(cold_plain=False))
     ks = simulate(ctl, [0.01], lambda k: 1.0 + 0.5 * k, 200)
@@ -335,6 +360,7 @@ def test_candidates_read_sglangs_adaptive_config_format(tmp_path):
     ({"1": {"candidate_steps": [0, 1]}, "outlier": 0.5}, "outlier must be > 1"),
     ({"1": {"candidate_steps": [0, 1]}, "cold_plain": "yes"}, "cold_plain must be true or false"),
     ({"1": {"candidate_steps": [0, 1]}, "scout_every": 0}, "scout_every must be an integer >= 1"),
+    ({"1": {"candidate_steps": [0, 1]}, "scout_near": 1.0}, "scout_near must lie in"),
 ])
 def test_a_bad_adaptive_config_is_refused_naming_the_file_and_key(tmp_path, content, words):
     f = tmp_path / "adaptive.json"
