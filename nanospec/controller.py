@@ -110,7 +110,8 @@ class ControllerConfig:
             raise ValueError("controller warmup_cycles must be >= 1, margin and probe_every >= 0")
         if not isinstance(self.scout_every, int) or self.scout_every < 1:
             raise ValueError(f"controller scout_every must be an integer >= 1, got {self.scout_every!r}")
-        if not 0.0 <= self.scout_near < 1.0:
+        if (isinstance(self.scout_near, bool) or not isinstance(self.scout_near, (int, float))
+                or not 0.0 <= self.scout_near < 1.0):
             raise ValueError(f"controller scout_near must lie in [0, 1), got {self.scout_near!r}")
         if not self.outlier > 1.0:
             raise ValueError(f"controller outlier must be > 1, got {self.outlier}")

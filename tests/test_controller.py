@@ -361,6 +361,7 @@ def test_candidates_read_sglangs_adaptive_config_format(tmp_path):
     ({"1": {"candidate_steps": [0, 1]}, "cold_plain": "yes"}, "cold_plain must be true or false"),
     ({"1": {"candidate_steps": [0, 1]}, "scout_every": 0}, "scout_every must be an integer >= 1"),
     ({"1": {"candidate_steps": [0, 1]}, "scout_near": 1.0}, "scout_near must lie in"),
+    ({"1": {"candidate_steps": [0, 1]}, "scout_near": "0.03"}, "scout_near must lie in"),
 ])
 def test_a_bad_adaptive_config_is_refused_naming_the_file_and_key(tmp_path, content, words):
     f = tmp_path / "adaptive.json"
