@@ -292,24 +292,23 @@ def test_one_settled_prefill_in_scout_every_runs_warm_and_only_warm_requests_tea
 def test_a_near_tie_with_plain_decoding_runs_every_settled_prefill_warm():
     # The README demo's lock-in: settled on 0 steps with a 1-step cycle 1-2 % behind, three prefills in
     # four ran cold, their probes taught nothing, and the estimate stood still for two requests.
-    ctl = StepController({1: [0, 1]}, initial_steps=1, config=ControllerConfig(probe_every=0))
-    simulate(ctl, [0.01], lambda k: 1.0 + 0.5 * k, 40)
-    b = ctl.buckets[1]
-    e1 = expected_tokens(ctl.acceptance(b), 1)
+    def settled(**config) -> StepController:  # bucket 1 settled on 0 steps
+        ctl = StepController({1: [0, 1]}, initial_steps=1, config=ControllerConfig(probe_every=0, **config))
+        simulate(ctl, [0.01], lambda k: 1.0 + 0.5 * k, 40)
+        return ctl
 
-    def drafting_at(ratio: float) -> None:  # price a 1-step cycle at ``ratio`` times plain's speed
-        b.rel_cost[1] = b.rel_cost[0] + math.log(e1 / ratio)
+    def drafting_at(ctl: StepController, ratio: float) -> None:  # a 1-step cycle at ratio x plain's speed
+        b = ctl.buckets[1]
+        b.rel_cost[1] = b.rel_cost[0] + math.log(expected_tokens(ctl.acceptance(b), 1) / ratio)
 
-    drafting_at(0.99)
-    assert ctl.choose(b) == 0  # still plain decoding
+    ctl = settled()
+    drafting_at(ctl, 0.99)
+    assert ctl.choose(ctl.buckets[1]) == 0  # still plain decoding
     assert not any(ctl.cold_prefill(1) for _ in range(8))
-    drafting_at(0.95)  # clearly behind: only the scouts run warm
+    drafting_at(ctl, 0.95)  # clearly behind: only the scouts run warm
     assert [ctl.cold_prefill(1) for _ in range(4)] == [True, True, True, False]
-    scouts_only = StepController({1: [0, 1]}, initial_steps=1,
-                                 config=ControllerConfig(probe_every=0, scout_near=0.0))
-    simulate(scouts_only, [0.01], lambda k: 1.0 + 0.5 * k, 40)
-    sb = scouts_only.buckets[1]
-    sb.rel_cost[1] = sb.rel_cost[0] + math.log(expected_tokens(scouts_only.acceptance(sb), 1) / 0.99)
+    scouts_only = settled(scout_near=0.0)
+    drafting_at(scouts_only, 0.99)
     assert [scouts_only.cold_prefill(1) for _ in range(4)] == [True, True, True, False]
 
 
